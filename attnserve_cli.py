@@ -1,0 +1,41 @@
+"""The `attnserve` command. Each package registers its own subcommands; heavy imports are lazy,
+so serving commands never import torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Packages that contribute subcommands (module with an `add_parsers(subparsers)` function).
+COMMAND_MODULES = ("models.cli",)
+# Errors that mean "bad input": print the message, exit 2, no traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, PermissionError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="attnserve",
+        description="Train, export and serve Transformer models (ONNX Runtime / TensorRT, gRPC).",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_parsers(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except USER_ERRORS as err:
+        print(f"attnserve {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

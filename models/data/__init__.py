@@ -1,0 +1,1 @@
+"""Synthetic and bundled data sets for training and evaluating the models (no torch)."""

@@ -1,0 +1,397 @@
+"""Shared Transformer layers: attention with an explicit KV cache, feed-forward, blocks, positions.
+
+Everything here takes tensors and returns tensors (no Python-side state), so that the modules trace
+cleanly into the ONNX graphs of the export package:
+
+- self-attention takes the past keys/values of its layer and returns the present ones
+  (past concatenated with the new tokens' keys/values), so a decoder step feeds them back in;
+- cross-attention keys/values are computed once from the encoder output (``cross_kv``) and passed
+  to every decoder step;
+- masks are boolean (True = attend) and always of shape (B, 1, T_query, T_key): ONNX Runtime's CPU
+  ``Attention`` kernel wants the query axis spelt out rather than broadcast.
+
+Attention is ``torch.nn.functional.scaled_dot_product_attention`` on 4-D (B, H, T, D) tensors,
+which the ONNX exporter turns into the standard ``Attention`` op at opset >= 23.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KVCache = tuple[Tensor, Tensor]
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu}
+
+
+def activation_fn(name: str):
+    """Return the activation function called ``name``.
+
+    Raises:
+        ValueError: for an unknown name, listing the supported ones.
+    """
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}"
+        ) from None
+
+
+def key_padding_mask(key_mask: Tensor, query_len: int | Tensor) -> Tensor:
+    """Expand a (B, S) key mask (nonzero = attend) to a boolean (B, 1, T, S) attention mask."""
+    mask = key_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S)
+    return mask.expand(-1, -1, query_len, -1)  # (B, 1, T, S)
+
+
+def causal_self_mask(self_key_mask: Tensor, new_len: int | Tensor) -> Tensor:
+    """Self-attention mask for ``new_len`` new tokens over past + new keys.
+
+    Args:
+        self_key_mask: (B, P + T) int or bool, nonzero where a key (past or new) is a real token.
+            Padding inside the past (ragged batches) is simply a zero here.
+        new_len: T, the number of new (query) tokens; they are the last T keys.
+
+    Returns:
+        Boolean (B, 1, T, P + T): query i attends to key j when the key is real and j is not a
+        later new token.
+    """
+    total = self_key_mask.shape[1]
+    query = torch.arange(new_len, device=self_key_mask.device)[:, None]  # (T, 1)
+    key = torch.arange(total, device=self_key_mask.device)[None, :]  # (1, P + T)
+    past_len = total - new_len
+    causal = key <= query + past_len  # (T, P + T)
+    return self_key_mask.to(torch.bool)[:, None, None, :] & causal[None, None]
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
+    """Sinusoidal positions (num_positions, dim): sines in the first half, cosines in the second.
+
+    This is the Marian / fairseq layout (not interleaved), so Marian weights import unchanged.
+    """
+    position = torch.arange(num_positions, dtype=torch.float64)[:, None]
+    half = dim // 2
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
+    # Marian divides by dim // 2 via `np.power(10000, 2 * (j // 2) / dim)`; identical for even dim.
+    angles = position * inv_freq[None, :]
+    table = torch.zeros(num_positions, dim, dtype=torch.float64)
+    table[:, :half] = torch.sin(angles)
+    table[:, half : 2 * half] = torch.cos(angles)
+    return table.to(torch.float32)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal positions, looked up by explicit position ids."""
+
+    def __init__(self, num_positions: int, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(num_positions, dim), persistent=False)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return F.embedding(position_ids, self.table)  # (B, T, D)
+
+
+class LearnedPositions(nn.Module):
+    """Learned absolute positions, looked up by explicit position ids."""
+
+    def __init__(self, num_positions: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_positions, dim))
+        nn.init.trunc_normal_(self.weight, std=0.02)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return F.embedding(position_ids, self.weight)  # (B, T, D)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate Q/K/V projections (the Marian / ViT parameter layout)."""
+
+    def __init__(self, dim: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"d_model {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def project_kv(self, x: Tensor) -> KVCache:
+        """Keys and values of ``x`` (B, S, dim), each (B, H, S, head_dim)."""
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def attend(self, x: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
+        """Attend from queries of ``x`` (B, T, dim) to given keys/values (B, H, S, head_dim)."""
+        batch, length, dim = x.shape
+        query = self.split_heads(self.q_proj(x))  # (B, H, T, D)
+        dropout = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout)
+        out = out.transpose(1, 2).reshape(batch, length, dim)  # (B, T, H*D)
+        return self.out_proj(out)
+
+    def self_attend(
+        self, x: Tensor, past_key: Tensor, past_value: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention over past + new tokens; returns (output, present_key, present_value)."""
+        new_key, new_value = self.project_kv(x)
+        key = torch.cat([past_key, new_key], dim=2)  # (B, H, P + T, D)
+        value = torch.cat([past_value, new_value], dim=2)
+        return self.attend(x, key, value, mask), key, value
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward: fc1 -> activation -> fc2."""
+
+    def __init__(self, dim: int, hidden: int, activation: str = "relu", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.act = activation_fn(activation)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention + feed-forward, pre-norm or post-norm (Vaswani / Marian)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        *,
+        norm_first: bool,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(dim, num_heads, dropout)
+        self.self_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.ffn = FeedForward(dim, ffn_dim, activation, dropout)
+        self.ffn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, dim), mask (B, 1, S, S) boolean."""
+        if self.norm_first:
+            h = self.self_attn_norm(x)
+            key, value = self.self_attn.project_kv(h)
+            x = x + self.dropout(self.self_attn.attend(h, key, value, mask))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        key, value = self.self_attn.project_kv(x)
+        x = self.self_attn_norm(x + self.dropout(self.self_attn.attend(x, key, value, mask)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention with a KV cache, cross-attention to precomputed keys/values, FFN."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        *,
+        norm_first: bool,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.self_attn = MultiHeadAttention(dim, num_heads, dropout)
+        self.self_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.cross_attn = MultiHeadAttention(dim, num_heads, dropout)
+        self.cross_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.ffn = FeedForward(dim, ffn_dim, activation, dropout)
+        self.ffn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def cross_kv(self, memory: Tensor) -> KVCache:
+        """Cross-attention keys/values of the encoder output, computed once per request."""
+        return self.cross_attn.project_kv(memory)
+
+    def forward(
+        self,
+        x: Tensor,
+        past: KVCache,
+        self_mask: Tensor,
+        cross: KVCache,
+        cross_mask: Tensor,
+    ) -> tuple[Tensor, KVCache]:
+        """One block over T new tokens.
+
+        Args:
+            x: (B, T, dim) new token states.
+            past: past self-attention keys/values, each (B, H, P, head_dim); P may be 0.
+            self_mask: (B, 1, T, P + T) boolean.
+            cross: cross-attention keys/values, each (B, H, S, head_dim).
+            cross_mask: (B, 1, T, S) boolean.
+
+        Returns:
+            The new states (B, T, dim) and the present keys/values (B, H, P + T, head_dim).
+        """
+        if self.norm_first:
+            h = self.self_attn_norm(x)
+            attn, key, value = self.self_attn.self_attend(h, past[0], past[1], self_mask)
+            x = x + self.dropout(attn)
+            h = self.cross_attn_norm(x)
+            x = x + self.dropout(self.cross_attn.attend(h, cross[0], cross[1], cross_mask))
+            x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+            return x, (key, value)
+        attn, key, value = self.self_attn.self_attend(x, past[0], past[1], self_mask)
+        x = self.self_attn_norm(x + self.dropout(attn))
+        cross_out = self.cross_attn.attend(x, cross[0], cross[1], cross_mask)
+        x = self.cross_attn_norm(x + self.dropout(cross_out))
+        x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        return x, (key, value)
+
+
+class TransformerDecoder(nn.Module):
+    """Token embedding + positions + decoder blocks + LM head (tied to the embedding).
+
+    Shared by the translator and the captioner: both call ``cross_kv`` once on the encoder output
+    and ``forward`` for every step.
+    """
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        num_layers: int,
+        max_positions: int,
+        norm_first: bool,
+        activation: str,
+        dropout: float,
+        scale_embedding: bool,
+        learned_positions: bool,
+        pad_id: int,
+        embedding: nn.Embedding | None = None,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = embedding or nn.Embedding(vocab_size, dim, padding_idx=pad_id)
+        self.embed_scale = math.sqrt(dim) if scale_embedding else 1.0
+        self.positions: nn.Module = (
+            LearnedPositions(max_positions, dim)
+            if learned_positions
+            else SinusoidalPositions(max_positions, dim)
+        )
+        self.layers = nn.ModuleList(
+            DecoderBlock(
+                dim,
+                num_heads,
+                ffn_dim,
+                norm_first=norm_first,
+                activation=activation,
+                dropout=dropout,
+                layer_norm_eps=layer_norm_eps,
+            )
+            for _ in range(num_layers)
+        )
+        # Pre-norm stacks end with a norm; post-norm stacks (Marian) are already normalised.
+        self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
+        self.dropout = nn.Dropout(dropout)
+        # Marian keeps a (1, vocab) bias on the logits; zero and frozen for our own models.
+        self.register_buffer("final_logits_bias", torch.zeros(1, vocab_size))
+
+    def cross_kv(self, memory: Tensor) -> list[KVCache]:
+        """Every layer's cross-attention keys/values for encoder output ``memory`` (B, S, dim)."""
+        return [layer.cross_kv(memory) for layer in self.layers]
+
+    def empty_past(self, batch: int, memory: Tensor) -> list[KVCache]:
+        """A zero-length self-attention cache matching ``memory``'s dtype and device."""
+        layer = self.layers[0].self_attn
+        shape = (batch, layer.num_heads, 0, layer.head_dim)
+        empty = memory.new_zeros(shape)
+        return [(empty, empty) for _ in self.layers]
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        past: Sequence[KVCache],
+        self_key_mask: Tensor,
+        cross: Sequence[KVCache],
+        cross_key_mask: Tensor,
+    ) -> tuple[Tensor, list[KVCache]]:
+        """Run T new tokens through the decoder.
+
+        Args:
+            input_ids: (B, T) int64.
+            position_ids: (B, T) int64, explicit so rows of a ragged batch keep their own positions.
+            past: per layer (key, value), each (B, H, P, head_dim).
+            self_key_mask: (B, P + T), nonzero where the key is a real token.
+            cross: per layer (key, value), each (B, H, S, head_dim).
+            cross_key_mask: (B, S), nonzero where the source position is real.
+
+        Returns:
+            logits (B, T, vocab) and the present keys/values per layer (B, H, P + T, head_dim).
+        """
+        new_len = input_ids.shape[1]
+        x = self.embed_tokens(input_ids) * self.embed_scale + self.positions(position_ids)
+        x = self.dropout(x)
+        self_mask = causal_self_mask(self_key_mask, new_len)
+        cross_mask = key_padding_mask(cross_key_mask, new_len)
+        presents: list[KVCache] = []
+        for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
+            x, present = layer(x, layer_past, self_mask, layer_cross, cross_mask)
+            presents.append(present)
+        x = self.final_norm(x)
+        logits = F.linear(x, self.embed_tokens.weight) + self.final_logits_bias  # (B, T, V)
+        return logits, presents
+
+
+class EncoderStack(nn.Module):
+    """Encoder blocks plus the final norm of a pre-norm stack; embeddings belong to the model."""
+
+    def __init__(
+        self,
+        *,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        num_layers: int,
+        norm_first: bool,
+        activation: str,
+        dropout: float,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderBlock(
+                dim,
+                num_heads,
+                ffn_dim,
+                norm_first=norm_first,
+                activation=activation,
+                dropout=dropout,
+                layer_norm_eps=layer_norm_eps,
+            )
+            for _ in range(num_layers)
+        )
+        self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """x (B, S, dim); key_mask (B, S) nonzero where real, or None when all positions are."""
+        mask = None if key_mask is None else key_padding_mask(key_mask, x.shape[1])
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.final_norm(x)

@@ -1,0 +1,1 @@
+"""Training entry points: ``train(kind, ...)`` dispatches to one small trainer per model."""

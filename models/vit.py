@@ -1,0 +1,170 @@
+"""Vision Transformer: patch embedding, class token, learned positions, classifier head.
+
+``VisionEncoder`` (everything but the head) is shared with the captioner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from models.layers import EncoderStack, LearnedPositions
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Shape of a ViT classifier."""
+
+    image_size: int = 224  # square input, pixels a side
+    patch_size: int = 16  # square patches; image_size must be a multiple
+    num_channels: int = 3
+    d_model: int = 768
+    num_heads: int = 12
+    num_layers: int = 12
+    ffn_dim: int = 3072
+    num_classes: int = 1000
+    dropout: float = 0.0  # training only
+    activation: str = "gelu"
+    layer_norm_eps: float = 1e-6
+    labels: tuple[str, ...] = ()  # class names, in logit order ('' when unnamed)
+    # Pixel normalisation, applied by the preprocessing before the model: (x / 255 - mean) / std.
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}"
+            )
+        if self.labels and len(self.labels) != self.num_classes:
+            raise ValueError(f"{len(self.labels)} labels for {self.num_classes} classes")
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+PRESETS: dict[str, ViTConfig] = {
+    "base": ViTConfig(),
+    # The shipped digits classifier (~1.8 M parameters, 3x32x32 input, 64 patches).
+    "digits": ViTConfig(
+        image_size=32,
+        patch_size=4,
+        d_model=192,
+        num_heads=3,
+        num_layers=4,
+        ffn_dim=768,
+        num_classes=10,
+        dropout=0.1,
+        labels=tuple(str(d) for d in range(10)),
+    ),
+    "tiny": ViTConfig(
+        image_size=16,
+        patch_size=4,
+        d_model=32,
+        num_heads=4,
+        num_layers=2,
+        ffn_dim=64,
+        num_classes=10,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> ViTConfig:
+    """A named preset, optionally with some fields replaced.
+
+    Raises:
+        ValueError: for an unknown preset name, listing the known ones.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown vit preset {name!r}; known: {', '.join(PRESETS)}")
+    return replace(PRESETS[name], **overrides)
+
+
+class PatchEmbedding(nn.Module):
+    """Non-overlapping patches projected to d_model with one strided convolution."""
+
+    def __init__(self, num_channels: int, patch_size: int, dim: int) -> None:
+        super().__init__()
+        self.projection = nn.Conv2d(num_channels, dim, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        x = self.projection(pixel_values)  # (B, D, H/p, W/p)
+        return x.flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class VisionEncoder(nn.Module):
+    """Patches + class token + learned positions + pre-norm encoder stack."""
+
+    def __init__(
+        self,
+        *,
+        image_size: int,
+        patch_size: int,
+        num_channels: int,
+        dim: int,
+        num_heads: int,
+        num_layers: int,
+        ffn_dim: int,
+        dropout: float,
+        activation: str,
+        layer_norm_eps: float,
+    ) -> None:
+        super().__init__()
+        self.patch_embed = PatchEmbedding(num_channels, patch_size, dim)
+        num_patches = (image_size // patch_size) ** 2
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        self.positions = LearnedPositions(num_patches + 1, dim)
+        self.register_buffer("position_ids", torch.arange(num_patches + 1)[None], persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = EncoderStack(
+            dim=dim,
+            num_heads=num_heads,
+            ffn_dim=ffn_dim,
+            num_layers=num_layers,
+            norm_first=True,
+            activation=activation,
+            dropout=dropout,
+            layer_norm_eps=layer_norm_eps,
+        )
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        """(B, C, H, W) normalised pixels -> (B, 1 + N, D) states, class token first."""
+        patches = self.patch_embed(pixel_values)  # (B, N, D)
+        cls = self.cls_token.expand(patches.shape[0], -1, -1)  # (B, 1, D)
+        x = torch.cat([cls, patches], dim=1) + self.positions(self.position_ids)
+        return self.encoder(self.dropout(x))
+
+
+class ViT(nn.Module):
+    """ViT image classifier: logits from the class token."""
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.encoder = VisionEncoder(
+            image_size=c.image_size,
+            patch_size=c.patch_size,
+            num_channels=c.num_channels,
+            dim=c.d_model,
+            num_heads=c.num_heads,
+            num_layers=c.num_layers,
+            ffn_dim=c.ffn_dim,
+            dropout=c.dropout,
+            activation=c.activation,
+            layer_norm_eps=c.layer_norm_eps,
+        )
+        self.head = nn.Linear(c.d_model, c.num_classes)
+
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        """(B, C, H, W) -> logits (B, num_classes)."""
+        return self.head(self.encoder(pixel_values)[:, 0])
