@@ -8,9 +8,11 @@ import importlib
 import sys
 
 # Packages that contribute subcommands (module with an `add_parsers(subparsers)` function).
-COMMAND_MODULES = ("models.cli",)
+COMMAND_MODULES = ("models.cli", "export.cli")
 # Errors that mean "bad input": print the message, exit 2, no traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, PermissionError)
+# Our own packages: their RuntimeErrors (export / backend failures) carry a message for the user.
+OWN_PACKAGES = ("models", "export", "serving", "benchmarks")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as err:
         print(f"attnserve {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if type(err).__module__.split(".")[0] not in OWN_PACKAGES:
+            raise
+        print(f"attnserve {args.command}: failed: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

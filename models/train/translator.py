@@ -25,7 +25,9 @@ from models.train.common import (
 )
 from models.translator import Translator, preset
 
-DEFAULTS = TrainSettings(steps=3000, batch_size=192, learning_rate=1.5e-3, warmup_steps=300)
+DEFAULTS = TrainSettings(
+    steps=1800, batch_size=128, learning_rate=1.5e-3, warmup_steps=150, time_budget_s=780.0
+)
 TRAIN_PAIRS = 300_000
 VOCAB_SIZE = 1000
 

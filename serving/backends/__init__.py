@@ -1,0 +1,1 @@
+"""Inference backends behind one small interface (see ``base.Backend``)."""

@@ -1,0 +1,114 @@
+"""ONNX Runtime backend: one InferenceSession per graph file of a model version."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serving.backends.base import BackendError
+from serving.model_config import OnnxRuntimeOptions
+
+_OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:
+    """SessionOptions for the configured threads and optimisation level."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = _OPTIMIZATION[options.graph_optimization]
+    if options.intra_op_threads:
+        so.intra_op_num_threads = options.intra_op_threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
+    return so
+
+
+def available_providers(requested: tuple[str, ...]) -> list[str]:
+    """The requested execution providers this ONNX Runtime build has, CPU always last.
+
+    Raises:
+        BackendError: when none of the requested providers is available.
+    """
+    present = set(ort.get_available_providers())
+    chosen = [p for p in requested if p in present]
+    if not chosen:
+        raise BackendError(
+            f"none of the execution providers {list(requested)} is available in this "
+            f"onnxruntime build (it has {sorted(present)}); install onnxruntime-gpu for CUDA / "
+            "TensorRT or list CPUExecutionProvider in config.yaml"
+        )
+    if "CPUExecutionProvider" in present and "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    return chosen
+
+
+class OnnxRuntimeBackend:
+    """Loads ``{graph}.onnx`` files of a version folder into ONNX Runtime sessions."""
+
+    def __init__(
+        self,
+        version_dir: str | Path,
+        graph_files: Mapping[str, str],
+        options: OnnxRuntimeOptions | None = None,
+        provider_options: Mapping[str, dict] | None = None,
+    ) -> None:
+        """Create one session per graph.
+
+        Args:
+            version_dir: REPOSITORY/NAME/VERSION.
+            graph_files: graph name -> file name, e.g. {"encoder": "encoder.onnx"}.
+            options: threads, providers, optimisation level.
+            provider_options: per-provider options (e.g. TensorRT engine cache settings).
+
+        Raises:
+            BackendError: a missing or invalid graph file.
+        """
+        options = options or OnnxRuntimeOptions()
+        providers = available_providers(options.execution_providers)
+        per_provider = [dict((provider_options or {}).get(p, {})) for p in providers]
+        self.providers = providers
+        self._sessions: dict[str, ort.InferenceSession] = {}
+        for graph, filename in graph_files.items():
+            path = Path(version_dir) / filename
+            if not path.is_file():
+                raise BackendError(f"graph file {path} is missing; re-export the model")
+            try:
+                self._sessions[graph] = ort.InferenceSession(
+                    str(path),
+                    session_options(options),
+                    providers=providers,
+                    provider_options=per_provider,
+                )
+            except Exception as err:  # onnxruntime raises its own untyped exceptions
+                raise BackendError(f"cannot load {path}: {err}") from err
+        self._inputs = {g: [i.name for i in s.get_inputs()] for g, s in self._sessions.items()}
+        self._outputs = {g: [o.name for o in s.get_outputs()] for g, s in self._sessions.items()}
+
+    def graphs(self) -> list[str]:
+        return list(self._sessions)
+
+    def input_names(self, graph: str) -> list[str]:
+        return self._inputs[graph]
+
+    def output_names(self, graph: str) -> list[str]:
+        return self._outputs[graph]
+
+    def input_types(self, graph: str) -> dict[str, str]:
+        """ONNX type strings ("tensor(float)") of a graph's inputs."""
+        return {i.name: i.type for i in self._sessions[graph].get_inputs()}
+
+    def run(self, graph: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        session = self._sessions[graph]
+        try:
+            outputs = session.run(None, dict(feeds))
+        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+            raise BackendError(f"{graph} graph failed: {err}") from err
+        return dict(zip(self._outputs[graph], outputs, strict=True))

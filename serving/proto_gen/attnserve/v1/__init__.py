@@ -1,0 +1,1 @@
+"""Generated package. Do not edit: run `python protos/generate.py`."""

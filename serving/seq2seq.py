@@ -1,0 +1,106 @@
+"""Encoder-decoder execution over a backend: encode once, then decoder steps with the KV cache.
+
+This is the numpy counterpart of ``models.generation`` and the building block of the serving
+engine (which adds in-flight batching); the export package uses ``greedy`` for its end-to-end
+parity check against PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.backends.base import Backend
+from serving.model_config import DecoderSpec
+
+_ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass
+class Encoded:
+    """Encoder output of a batch: per-layer cross keys/values and the source mask."""
+
+    cross: list[np.ndarray]  # [cross_key.0, cross_value.0, ...], each (B, H, S, D)
+    mask: np.ndarray  # (B, S) int64
+
+    @property
+    def batch(self) -> int:
+        return int(self.mask.shape[0])
+
+
+class Seq2SeqRunner:
+    """Runs the ``encoder`` and ``decoder`` graphs of a seq2seq model."""
+
+    def __init__(self, backend: Backend, spec: DecoderSpec) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.layers = spec.num_layers
+        self.cross_names = [
+            f"cross_{part}.{i}" for i in range(self.layers) for part in ("key", "value")
+        ]
+        self.past_names = [
+            f"past_{part}.{i}" for i in range(self.layers) for part in ("key", "value")
+        ]
+        types = getattr(backend, "input_types", lambda graph: {})("decoder")
+        self.kv_dtype = _ONNX_FLOAT.get(types.get("past_key.0", ""), np.float32)
+
+    def encode(self, feeds: Mapping[str, np.ndarray]) -> Encoded:
+        """Run the encoder; ``feeds`` are input_ids + attention_mask, or pixel_values."""
+        outputs = self.backend.run("encoder", feeds)
+        cross = [outputs[name] for name in self.cross_names]
+        if "attention_mask" in feeds:
+            mask = np.asarray(feeds["attention_mask"], dtype=np.int64)
+        else:  # images: every encoder position is real
+            batch, _, length, _ = cross[0].shape
+            mask = np.ones((batch, length), dtype=np.int64)
+        return Encoded(cross, mask)
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        """A zero-length cache for ``batch`` rows."""
+        shape = (batch, self.spec.num_heads, 0, self.spec.head_dim)
+        return [np.zeros(shape, dtype=self.kv_dtype) for _ in self.past_names]
+
+    def step(
+        self,
+        input_ids: np.ndarray,
+        position_ids: np.ndarray,
+        self_mask: np.ndarray,
+        past: list[np.ndarray],
+        encoded: Encoded,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder call; returns logits (B, T, V) and the present cache (past + new)."""
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "self_attention_mask": self_mask,
+            "cross_attention_mask": encoded.mask,
+        }
+        feeds.update(zip(self.past_names, past, strict=True))
+        feeds.update(zip(self.cross_names, encoded.cross, strict=True))
+        outputs = self.backend.run("decoder", feeds)
+        presents = [outputs[name.replace("past_", "present_")] for name in self.past_names]
+        return outputs["logits"], presents
+
+    def greedy(self, encoded: Encoded, max_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding of a whole batch (no in-flight joins): ids without start and EOS."""
+        batch = encoded.batch
+        spec = self.spec
+        tokens = np.full((batch, 1), spec.decoder_start_id, dtype=np.int64)
+        past = self.empty_past(batch)
+        finished = np.zeros(batch, dtype=bool)
+        outputs: list[list[int]] = [[] for _ in range(batch)]
+        for step in range(max_new_tokens):
+            positions = np.full((batch, 1), step, dtype=np.int64)
+            self_mask = np.ones((batch, step + 1), dtype=np.int64)
+            logits, past = self.step(tokens, positions, self_mask, past, encoded)
+            next_ids = logits[:, -1].argmax(-1)
+            for row in np.flatnonzero(~finished):
+                if next_ids[row] != spec.eos_id:
+                    outputs[row].append(int(next_ids[row]))
+            finished |= next_ids == spec.eos_id
+            if finished.all():
+                break
+            tokens = next_ids[:, None].astype(np.int64)
+        return outputs

@@ -1,0 +1,151 @@
+"""Export round trips: graphs, fused attention, parity figures, variants, --force, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+import pytest
+
+from attnserve_cli import main
+from export.errors import DestinationError, ExportError, SourceError
+from export.exporter import ExportOptions, export
+from export.sources import LoadedSource
+from models import captioner, translator, vit
+from models.checkpoint import save_checkpoint
+from models.tokenizer import SubwordTokenizer
+from serving.model_config import read_model_config
+
+FAST = ExportOptions(parity_examples=100)
+
+
+def _tiny_translator_source() -> LoadedSource:
+    texts = ["three hundred and twelve", "dreihundertzwölf", "trois cent douze", "doce"]
+    tokenizer = SubwordTokenizer.train(texts, 120, extra_special_tokens=["<2de>", "<2fr>"])
+    model = translator.Translator(translator.preset("tiny", vocab_size=tokenizer.vocab_size))
+    return LoadedSource("translator", model.eval(), tokenizer, "tiny", "0")
+
+
+@pytest.fixture(scope="module")
+def tiny_translator_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repository = tmp_path_factory.mktemp("repo")
+    export(_tiny_translator_source(), repository, FAST)
+    return repository / "translator"
+
+
+def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> None:
+    version = tiny_translator_entry / "1"
+    names = sorted(p.name for p in version.iterdir())
+    assert names == ["decoder.onnx", "encoder.onnx", "manifest.json", "tokenizer.json"]
+    manifest = json.loads((version / "manifest.json").read_text())
+    parity = manifest["parity"]
+    assert parity["greedy_examples"] >= 100 and parity["greedy_agreement"] == 1.0
+    assert max(parity["max_abs_diff"].values()) <= 1e-4
+    assert max(parity["real_max_abs_diff"].values()) <= 1e-4
+    assert manifest["opset"] == 23 and manifest["fused_attention"] is True
+    assert set(manifest["libraries"]) >= {"torch", "onnx", "onnxruntime"}
+    config = read_model_config(tiny_translator_entry)
+    assert config.kind == "seq2seq" and config.languages == ("de", "fr")
+    assert config.decoder is not None and config.decoder.num_layers == 2
+
+
+def test_decoder_graph_holds_attention_and_kv_cache(tiny_translator_entry: Path) -> None:
+    decoder = onnx.load(str(tiny_translator_entry / "1" / "decoder.onnx"))
+    ops = [node.op_type for node in decoder.graph.node]
+    assert ops.count("Attention") == 4  # self + cross in each of 2 layers
+    inputs = {value.name: value for value in decoder.graph.input}
+    dims = [d.dim_param or d.dim_value for d in inputs["past_key.0"].type.tensor_type.shape.dim]
+    assert dims == ["batch", 4, "past_length", 8]
+    mask = inputs["self_attention_mask"].type.tensor_type.shape.dim
+    assert [d.dim_param for d in mask] == ["batch", "total_length"]
+    outputs = [value.name for value in decoder.graph.output]
+    assert outputs == ["logits", "present_key.0", "present_value.0", "present_key.1",
+                       "present_value.1"]
+
+
+def test_existing_version_needs_force(tiny_translator_entry: Path) -> None:
+    repository = tiny_translator_entry.parent
+    with pytest.raises(DestinationError, match="already exists; pass --force"):
+        export(_tiny_translator_source(), repository, FAST)
+
+
+def test_force_overwrites_and_a_new_version_sits_beside(tiny_translator_entry: Path) -> None:
+    repository = tiny_translator_entry.parent
+    export(_tiny_translator_source(), repository,
+           ExportOptions(parity_examples=100, version=2, precision="int8"))
+    manifest = json.loads((tiny_translator_entry / "2" / "manifest.json").read_text())
+    assert manifest["precision"] == "int8"
+    assert manifest["graphs"]["decoder"]["attention_nodes"] == 4  # int8 keeps standard Attention
+    assert manifest["parity"]["greedy_agreement"] >= 0.95
+    assert (tiny_translator_entry / "1" / "decoder.onnx").is_file()
+
+
+def test_legacy_opset_decomposes_attention(tmp_path: Path) -> None:
+    result = export(_tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100,
+                                                                       opset=18))
+    assert result.manifest["graphs"]["decoder"]["attention_nodes"] == 0
+    assert result.manifest["graphs"]["decoder"]["op_types"]["Softmax"] == 4
+    assert result.manifest["parity"]["greedy_agreement"] == 1.0
+
+
+def test_fp16_variant(tmp_path: Path) -> None:
+    model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8)).eval()
+    source = LoadedSource("vit", model, None, "tiny", "0")
+    result = export(source, tmp_path, ExportOptions(parity_examples=100, precision="fp16"))
+    graph = onnx.load(str(result.version_dir / "model.onnx"))
+    assert graph.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+    assert result.manifest["parity"]["max_abs_diff"]["model"] <= 1e-2
+    assert result.manifest["parity"]["top1_identical"] >= 0.98 * 100
+
+
+def test_captioner_export_from_checkpoint_dir(tmp_path: Path) -> None:
+    tokenizer = SubwordTokenizer.train(["a small red circle left of a large blue square"], 140)
+    config = captioner.preset("tiny", image_size=48, patch_size=8,
+                              vocab_size=tokenizer.vocab_size)
+    checkpoint = save_checkpoint(tmp_path / "ckpt", "captioner", captioner.Captioner(config),
+                                 tokenizer)
+    result = export(str(checkpoint), tmp_path / "repo", FAST)
+    assert result.manifest["kind"] == "captioner"
+    assert result.manifest["parity"]["greedy_agreement"] == 1.0
+    assert result.manifest["graphs"]["encoder"]["attention_nodes"] == 2
+    config_yaml = read_model_config(tmp_path / "repo" / "captioner")
+    assert config_yaml.image is not None and config_yaml.image.size == 48
+    assert config_yaml.limits.max_source_length == config.num_patches + 1
+
+
+def test_failed_parity_leaves_nothing_behind(tmp_path: Path, monkeypatch) -> None:
+    import export.parity as parity
+
+    monkeypatch.setitem(parity.TOLERANCE, "fp32", 0.0)  # nothing can meet a zero tolerance
+    model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8)).eval()
+    with pytest.raises(ExportError, match="parity check failed for fp32"):
+        export(LoadedSource("vit", model, None, "tiny", "0"), tmp_path, FAST)
+    assert not (tmp_path / "vit" / "1").exists()
+
+
+def test_bad_sources_say_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="not a model kind .*translator, vit, captioner"):
+        export("resnet", tmp_path, FAST)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text("{oops")
+    with pytest.raises(SourceError, match="not valid JSON"):
+        export(str(corrupt), tmp_path / "repo", FAST)
+    with pytest.raises(ExportError, match="unknown precision 'int4'"):
+        export("vit", tmp_path, ExportOptions(precision="int4"))
+    with pytest.raises(ExportError, match="--opset must be between"):
+        export("vit", tmp_path, ExportOptions(opset=9))
+
+
+def test_unwritable_output_is_reported(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8)).eval()
+    with pytest.raises(DestinationError, match="cannot create"):
+        export(LoadedSource("vit", model, None, "tiny", "0"), blocker, FAST)
+
+
+def test_cli_export_errors_exit_2(tmp_path: Path, capsys) -> None:
+    assert main(["export", "nonexistent-model", "--out", str(tmp_path)]) == 2
+    assert "not a model kind" in capsys.readouterr().err
