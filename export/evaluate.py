@@ -13,8 +13,8 @@ import numpy as np
 
 from models.data import digits, shapes
 from models.data.images import pixel_values
-from models.data.translation import LANGUAGES, generate_pairs
-from models.evaluate import EVAL_SEED, text_metrics
+from models.data.translation import generate_pairs
+from models.evaluate import EVAL_SEED, text_metrics, translation_report
 from models.tokenizer import SubwordTokenizer
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.model_config import (
@@ -89,14 +89,7 @@ def _translator_metrics(
         )
         encoded = runner.encode({"input_ids": ids, "attention_mask": mask})
         hypotheses += tokenizer.decode_batch(runner.greedy(encoded, config.limits.max_new_tokens))
-    metrics: dict[str, Any] = {
-        "examples": len(pairs),
-        **text_metrics(hypotheses, [p.target for p in pairs]),
-    }
-    for lang in LANGUAGES:
-        rows = [i for i, p in enumerate(pairs) if p.lang == lang]
-        metrics[lang] = text_metrics([hypotheses[i] for i in rows], [pairs[i].target for i in rows])
-    return metrics
+    return translation_report(pairs, hypotheses)
 
 
 def _captioner_metrics(

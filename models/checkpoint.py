@@ -9,11 +9,13 @@ Layout of a checkpoint directory:
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
@@ -25,6 +27,9 @@ from models.translator import Translator, TranslatorConfig
 from models.vit import ViT, ViTConfig
 
 MODEL_KINDS: tuple[str, ...] = ("translator", "vit", "captioner")
+# Shipped checkpoints store fp16 weights (half the size; the repository budget is 30 MB). Models
+# compute in fp32: weights are cast on load, and trainers evaluate the rounded weights.
+STORAGE_DTYPE = torch.float16
 WEIGHTS_FILE = "model.safetensors"
 METRICS_FILE = "metrics.json"
 SHIPPED_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -78,6 +83,15 @@ class Checkpoint:
     directory: Path
 
 
+def round_to_storage(model: nn.Module) -> nn.Module:
+    """Round the weights in place to what the checkpoint stores (evaluate what ships)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.is_floating_point():
+                tensor.copy_(tensor.to(STORAGE_DTYPE).to(tensor.dtype))
+    return model
+
+
 def save_checkpoint(
     directory: str | Path,
     kind: str,
@@ -85,10 +99,13 @@ def save_checkpoint(
     tokenizer: SubwordTokenizer | None = None,
     metrics: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint directory (created if needed) and return its path."""
+    """Write a checkpoint directory (created if needed) and return its path.
+
+    Weights are stored as fp16 (``STORAGE_DTYPE``); loading casts them back to fp32.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(directory / WEIGHTS_FILE))
+    save_model(copy.deepcopy(model).to(STORAGE_DTYPE), str(directory / WEIGHTS_FILE))
     config = config_to_dict(model.config, check_kind(kind))
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from models.captioner import Captioner, preset
-from models.checkpoint import save_checkpoint
+from models.checkpoint import round_to_storage, save_checkpoint
 from models.data import shapes
 from models.data.images import pixel_values
 from models.evaluate import evaluate_captioner
@@ -70,6 +70,7 @@ def train(
     history = train_loop(model, stream, loss_fn, settings, "train captioner")
     history["parameters"] = sum(p.numel() for p in model.parameters())
     history["train_examples"] = history["steps_done"] * settings.batch_size
+    round_to_storage(model)  # evaluate the fp16-stored weights that ship
     metrics = {"training": history, "held_out": evaluate_captioner(model, tokenizer, eval_examples)}
     save_checkpoint(out_dir, "captioner", model, tokenizer, metrics)
     return metrics

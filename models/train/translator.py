@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from models.checkpoint import save_checkpoint
+from models.checkpoint import round_to_storage, save_checkpoint
 from models.data.translation import Pair, generate_pairs, language_tags
 from models.evaluate import evaluate_translator
 from models.tokenizer import SubwordTokenizer
@@ -96,6 +96,7 @@ def train(
     history = train_loop(model, stream, loss_fn, settings, "train translator")
     history["train_examples"] = len(pairs)
     history["parameters"] = sum(p.numel() for p in model.parameters())
+    round_to_storage(model)  # evaluate the fp16-stored weights that ship
     held_out = evaluate_translator(model, tokenizer, examples=eval_examples)
     metrics = {"training": history, "held_out": held_out}
     save_checkpoint(out_dir, "translator", model, tokenizer, metrics)

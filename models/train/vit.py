@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.checkpoint import save_checkpoint
+from models.checkpoint import round_to_storage, save_checkpoint
 from models.data.digits import load_digits_split
 from models.data.images import pixel_values
 from models.evaluate import evaluate_vit
@@ -20,8 +20,8 @@ from models.train.common import TrainSettings, seed_everything, train_loop
 from models.vit import ViT, preset
 
 DEFAULTS = TrainSettings(
-    steps=2000,
-    batch_size=64,
+    steps=3000,
+    batch_size=32,
     learning_rate=1e-3,
     warmup_steps=100,
     weight_decay=0.05,
@@ -80,6 +80,7 @@ def train(
     history = train_loop(model, stream, loss_fn, settings, "train vit")
     history["train_examples"] = len(labels)
     history["parameters"] = sum(p.numel() for p in model.parameters())
+    round_to_storage(model)  # evaluate the fp16-stored weights that ship
     metrics = {"training": history, "held_out": evaluate_vit(model)}
     save_checkpoint(out_dir, "vit", model, None, metrics)
     return metrics

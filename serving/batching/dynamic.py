@@ -1,0 +1,380 @@
+"""Dynamic batching with Triton's semantics, for one-shot work (classification, encoder passes).
+
+Requests queue up; a batch is dispatched when ``max_batch_size`` requests are queued or when the
+oldest queued request has waited ``max_queue_delay_us``. The batch function runs in an executor
+thread (ONNX Runtime releases the GIL), so the event loop keeps accepting requests; one batch runs
+at a time per batcher. A batch of N items gives exactly N results, each carrying its own error.
+
+No model and no I/O in here: ``run_batch`` is whatever the caller passes.
+
+Triton conventions kept: ``max_queue_size == 0`` means an unbounded queue and
+``timeout_ms == 0`` means no default deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from serving.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
+from serving.metrics import ServingMetrics
+from serving.model_config import Batching
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
+
+
+# --- policies: pure functions of counts and times, testable with plain numbers -----------------
+
+
+def batch_is_full(queued: int, max_batch_size: int) -> bool:
+    """True when enough requests are queued to fill a batch."""
+    return queued >= max_batch_size
+
+
+def delay_remaining(oldest_enqueued_at: float, now: float, max_delay_s: float) -> float:
+    """Seconds until the oldest queued request has waited ``max_delay_s``; <= 0: flush now."""
+    return oldest_enqueued_at + max_delay_s - now
+
+
+def is_expired(deadline: float | None, now: float) -> bool:
+    """True when a request's deadline has passed (``None``: no deadline)."""
+    return deadline is not None and now >= deadline
+
+
+def deadline_for(now: float, timeout_s: float | None, default_timeout_ms: int) -> float | None:
+    """The absolute deadline of a request arriving at ``now``.
+
+    Args:
+        now: arrival time on the batcher's clock.
+        timeout_s: the client's timeout, when it sent one.
+        default_timeout_ms: ``Batching.timeout_ms``, used when the client sent none; 0 = none.
+
+    Returns:
+        The deadline, or ``None`` when the request has none.
+    """
+    if timeout_s is not None:
+        return now + timeout_s
+    return now + default_timeout_ms / 1000 if default_timeout_ms > 0 else None
+
+
+# --- the batcher --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)  # identity equality: deque.remove must find this very request
+class _Pending(Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+    enqueued_at: float
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class _Instruments:
+    """The batcher's metric children, bound to its model and stage labels once."""
+
+    queue_time: Any
+    batch_size: Any
+    compute_time: Any
+    queue_depth: Any
+
+    @classmethod
+    def bind(cls, metrics: ServingMetrics, model: str, stage: str) -> _Instruments:
+        return cls(
+            queue_time=metrics.queue_time.labels(model=model),
+            batch_size=metrics.batch_size.labels(model=model, stage=stage),
+            compute_time=metrics.compute_time.labels(model=model, stage=stage),
+            queue_depth=metrics.queue_depth.labels(model=model),
+        )
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Merges concurrent ``submit`` calls into batched ``run_batch`` calls.
+
+    Usage::
+
+        batcher = DynamicBatcher("vit", classify_batch, config.batching, metrics=metrics)
+        await batcher.start()
+        label = await batcher.submit(image, timeout_s=remaining)
+        await batcher.stop(drain=True)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[T]], Sequence[R | BaseException]],
+        settings: Batching,
+        *,
+        stage: str = "batch",
+        executor: concurrent.futures.Executor | None = None,
+        metrics: ServingMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Create a stopped batcher; ``start()`` it inside the event loop that will submit.
+
+        Args:
+            name: model name, used in error messages and as the metrics ``model`` label.
+            run_batch: runs a list of items and returns one result or exception per item, in
+                order. Called in ``executor``, never concurrently with itself.
+            settings: max_batch_size, max_queue_delay_us, max_queue_size, timeout_ms.
+            stage: the metrics ``stage`` label of batch size and compute time.
+            executor: where ``run_batch`` runs; by default a one-thread pool the batcher owns.
+            metrics: where to record queue time, batch size, compute time and queue depth.
+            clock: monotonic seconds; injectable for tests.
+        """
+        self.name = name
+        self.stage = stage
+        self._run_batch = run_batch
+        self._settings = settings
+        self._max_delay_s = settings.max_queue_delay_us / 1e6
+        self._executor = executor
+        self._owns_executor = executor is None
+        self._instruments = _Instruments.bind(metrics, name, stage) if metrics else None
+        self._clock = clock
+        self._queue: deque[_Pending[T, R]] = deque()
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests queued and not yet dispatched."""
+        return len(self._queue)
+
+    async def start(self) -> None:
+        """Start the batching loop in the running event loop.
+
+        Raises:
+            Unavailable: when the batcher was stopped (a stopped batcher does not restart).
+        """
+        if self._closed:
+            raise Unavailable(f"{self.name}: batcher was stopped; create a new one")
+        if self._task is not None:
+            return
+        if self._owns_executor:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"batcher-{self.name}"
+            )
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"batcher-{self.name}"
+        )
+
+    async def stop(self, drain: bool = True) -> None:
+        """Stop accepting requests and end the loop; idempotent.
+
+        Args:
+            drain: True: run every queued request first. False: fail queued requests with
+                UNAVAILABLE (the batch already running still completes).
+        """
+        self._closed = True
+        if not drain:
+            self._fail_queued(lambda: Unavailable(f"{self.name}: server is stopping; retry"))
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+        if self._owns_executor and self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    async def submit(self, item: T, *, timeout_s: float | None = None) -> R:
+        """Queue ``item`` and wait for its own result.
+
+        Args:
+            item: one request's input, as ``run_batch`` takes it.
+            timeout_s: the client's remaining deadline; ``settings.timeout_ms`` when None.
+
+        Returns:
+            The result ``run_batch`` returned for this item.
+
+        Raises:
+            ResourceExhausted: the queue holds ``max_queue_size`` requests already.
+            DeadlineExceeded: no result before the deadline (the item is dropped if still queued).
+            Unavailable: the batcher is not started or is stopping.
+            Internal: ``run_batch`` raised or returned the wrong number of results.
+            Exception: whatever exception ``run_batch`` returned for this item.
+        """
+        self._check_accepting()
+        now = self._clock()
+        deadline = deadline_for(now, timeout_s, self._settings.timeout_ms)
+        if is_expired(deadline, now):
+            raise DeadlineExceeded(self._deadline_message(timeout_s or 0.0))
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        pending = _Pending(item, future, now, deadline)
+        self._queue.append(pending)
+        self._queue_changed()
+        self._wakeup.set()
+        timeout = None if deadline is None else deadline - now
+        try:
+            done, _ = await asyncio.wait({pending.future}, timeout=timeout)
+        except asyncio.CancelledError:
+            self._discard(pending)
+            raise
+        if not done:
+            self._discard(pending)
+            raise DeadlineExceeded(self._deadline_message(timeout or 0.0))
+        return pending.future.result()
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """The loop, with a guard: a bug in it fails the waiting requests instead of hanging."""
+        try:
+            await self._loop()
+        except Exception:
+            logger.exception("batcher %s crashed", self.name)
+            self._closed = True
+            self._fail_queued(lambda: Internal(f"{self.name}: batcher crashed; see server log"))
+
+    async def _loop(self) -> None:
+        while True:
+            self._wakeup.clear()
+            now = self._clock()
+            self._drop_expired(now)
+            if not self._queue:
+                if self._closed:
+                    return
+                await self._wakeup.wait()
+            elif self._closed or self._ready(now):  # draining: no point waiting for batch-mates
+                await self._execute(self._take_batch(now))
+            else:
+                await self._sleep(
+                    delay_remaining(self._queue[0].enqueued_at, now, self._max_delay_s)
+                )
+
+    def _ready(self, now: float) -> bool:
+        full = batch_is_full(len(self._queue), self._settings.max_batch_size)
+        oldest = self._queue[0].enqueued_at
+        return full or delay_remaining(oldest, now, self._max_delay_s) <= 0
+
+    async def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` or until a submit / stop wakes the loop."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout=seconds)
+
+    def _drop_expired(self, now: float) -> None:
+        """Fail and remove queued requests past their deadline, so no compute is spent on them."""
+        expired = [p for p in self._queue if is_expired(p.deadline, now)]
+        for pending in expired:
+            self._queue.remove(pending)
+            waited = now - pending.enqueued_at
+            self._settle(pending, error=DeadlineExceeded(self._deadline_message(waited)))
+        if expired:
+            self._queue_changed()
+
+    def _take_batch(self, now: float) -> list[_Pending[T, R]]:
+        """Pop up to ``max_batch_size`` of the oldest live requests and record their queue time."""
+        batch: list[_Pending[T, R]] = []
+        while self._queue and len(batch) < self._settings.max_batch_size:
+            pending = self._queue.popleft()
+            if not pending.future.done():  # a cancelled caller's item may still be here
+                batch.append(pending)
+        self._queue_changed()
+        if self._instruments:
+            for pending in batch:
+                self._instruments.queue_time.observe(now - pending.enqueued_at)
+        return batch
+
+    async def _execute(self, batch: list[_Pending[T, R]]) -> None:
+        """Run one batch in the executor and hand every item its own result or error."""
+        if not batch:
+            return
+        items = [p.item for p in batch]
+        started = self._clock()
+        try:
+            loop = asyncio.get_running_loop()
+            results = await loop.run_in_executor(self._executor, self._call_run_batch, items)
+        except Exception as err:
+            message = f"{self.name}: batch of {len(batch)} failed: {type(err).__name__}: {err}"
+            for pending in batch:
+                self._settle(pending, error=Internal(message), cause=err)
+            return
+        finally:
+            self._record_batch(len(batch), self._clock() - started)
+        if len(results) != len(batch):
+            message = (
+                f"{self.name}: run_batch returned {len(results)} results for {len(batch)} items; "
+                "it must return exactly one result or exception per item, in order"
+            )
+            for pending in batch:
+                self._settle(pending, error=Internal(message))
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if isinstance(result, BaseException):
+                self._settle(pending, error=result)
+            else:
+                self._settle(pending, result=result)
+
+    def _call_run_batch(self, items: list[T]) -> list[R | BaseException]:
+        """Runs in the executor; ``list`` so a lazy sequence is evaluated off the event loop."""
+        return list(self._run_batch(items))
+
+    # --- small helpers -------------------------------------------------------------------------
+
+    def _check_accepting(self) -> None:
+        if self._closed:
+            raise Unavailable(
+                f"{self.name}: server is stopping; send the request to another replica"
+            )
+        if self._task is None:
+            raise Unavailable(f"{self.name}: batcher is not started; call start() first")
+        limit = self._settings.max_queue_size
+        if limit and len(self._queue) >= limit:
+            raise ResourceExhausted(
+                f"{self.name}: queue is full ({limit} requests waiting, Batching.max_queue_size); "
+                "retry with backoff, or raise max_queue_size / add replicas"
+            )
+
+    def _deadline_message(self, seconds: float) -> str:
+        return (
+            f"{self.name}: request not served within {seconds:.3f} s (the client's deadline, or "
+            f"Batching.timeout_ms={self._settings.timeout_ms} when it sets none); allow a longer "
+            "deadline or add capacity"
+        )
+
+    def _discard(self, pending: _Pending[T, R]) -> None:
+        """Forget a request whose caller gave up; drop it from the queue if not yet dispatched."""
+        if not pending.future.done():
+            pending.future.cancel()
+        with contextlib.suppress(ValueError):
+            self._queue.remove(pending)
+            self._queue_changed()
+
+    def _fail_queued(self, make_error: Callable[[], BaseException]) -> None:
+        while self._queue:
+            self._settle(self._queue.popleft(), error=make_error())
+        self._queue_changed()
+
+    @staticmethod
+    def _settle(
+        pending: _Pending[T, R],
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        """Complete a request's future unless its caller already gave up."""
+        if pending.future.done():
+            return
+        if error is None:
+            pending.future.set_result(result)
+            return
+        if cause is not None:
+            error.__cause__ = cause
+        pending.future.set_exception(error)
+
+    def _queue_changed(self) -> None:
+        if self._instruments:
+            self._instruments.queue_depth.set(len(self._queue))
+
+    def _record_batch(self, size: int, seconds: float) -> None:
+        if self._instruments:
+            self._instruments.batch_size.observe(size)
+            self._instruments.compute_time.observe(seconds)

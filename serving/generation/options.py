@@ -1,0 +1,136 @@
+"""Decoding options of one generation request, and their validation.
+
+``DecodingOptions`` is what the servicer builds from a request; ``validate`` checks every field
+against its allowed range and resolves ``max_new_tokens`` against the model's limit, raising
+``InvalidArgument`` with a message that names the field, the bad value and the valid range.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from numbers import Integral, Real
+
+from serving.errors import InvalidArgument
+
+MAX_BEAM_SIZE = 8
+MAX_TEMPERATURE = 100.0
+MAX_LENGTH_PENALTY = 10.0
+MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to pick the tokens of one request.
+
+    Attributes:
+        max_new_tokens: the most tokens to generate (EOS included); None means the model limit.
+        min_new_tokens: EOS is suppressed until this many tokens have been generated.
+        beam_size: beams of beam search; 1 means greedy or sampling.
+        length_penalty: beam search scores are ``log_prob / length ** length_penalty``.
+        temperature: 0 means greedy; above 0 samples from ``softmax(logits / temperature)``.
+        top_k: sample among the k most likely tokens only; 0 turns the filter off.
+        top_p: nucleus sampling: the smallest set of tokens whose probability reaches top_p.
+        seed: seeds the request's own random generator (reproducible output); None = random.
+        num_alternatives: beam search also returns this many runner-up hypotheses.
+    """
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int = 0
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    num_alternatives: int = 0
+
+    @property
+    def sampling(self) -> bool:
+        """True when tokens are drawn at random (temperature above 0)."""
+        return self.temperature > 0
+
+    def validate(self, max_new_tokens_limit: int) -> DecodingOptions:
+        """Check every field and resolve ``max_new_tokens`` against the model's limit.
+
+        Args:
+            max_new_tokens_limit: the most new tokens this model can produce (at least 1).
+
+        Returns:
+            A copy with ``max_new_tokens`` set (the limit when it was None).
+
+        Raises:
+            InvalidArgument: a field is of the wrong type, not finite, or outside its range; the
+                message names the field, its value and what is allowed.
+            ValueError: ``max_new_tokens_limit`` is below 1 (a configuration bug, not a request
+                error).
+        """
+        if max_new_tokens_limit < 1:
+            raise ValueError(f"max_new_tokens_limit must be at least 1, got {max_new_tokens_limit}")
+        max_new = self._check_max_new_tokens(max_new_tokens_limit)
+        _check_int("min_new_tokens", self.min_new_tokens, 0, None)
+        if self.min_new_tokens > max_new:
+            raise InvalidArgument(
+                f"min_new_tokens {self.min_new_tokens} exceeds max_new_tokens {max_new}: "
+                f"min_new_tokens must be in 0..{max_new}"
+            )
+        _check_int("beam_size", self.beam_size, 1, MAX_BEAM_SIZE)
+        _check_float("length_penalty", self.length_penalty, 0.0, MAX_LENGTH_PENALTY)
+        _check_float("temperature", self.temperature, 0.0, MAX_TEMPERATURE)
+        _check_int("top_k", self.top_k, 0, None)
+        self._check_top_p()
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0, MAX_SEED)
+        self._check_num_alternatives()
+        if self.beam_size > 1 and self.temperature > 0:
+            raise InvalidArgument(
+                f"beam_size {self.beam_size} cannot be combined with sampling (temperature "
+                f"{self.temperature}): use beam_size 1 to sample, or temperature 0 for beam search"
+            )
+        return replace(self, max_new_tokens=max_new)
+
+    def _check_max_new_tokens(self, limit: int) -> int:
+        if self.max_new_tokens is None:
+            return limit
+        _check_int("max_new_tokens", self.max_new_tokens, 1, None)
+        if self.max_new_tokens > limit:
+            raise InvalidArgument(
+                f"max_new_tokens {self.max_new_tokens} exceeds this model's limit of {limit}: "
+                f"ask for 1..{limit} (or leave it unset for the limit)"
+            )
+        return int(self.max_new_tokens)
+
+    def _check_num_alternatives(self) -> None:
+        _check_int("num_alternatives", self.num_alternatives, 0, None)
+        if self.num_alternatives > self.beam_size - 1:
+            raise InvalidArgument(
+                f"num_alternatives {self.num_alternatives} needs more beams than beam_size "
+                f"{self.beam_size}: num_alternatives must be in 0..beam_size-1 "
+                f"(0..{self.beam_size - 1}); raise beam_size or ask for fewer alternatives"
+            )
+
+    def _check_top_p(self) -> None:
+        _check_float("top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0:
+            raise InvalidArgument("top_p 0 keeps no token: top_p must be in (0, 1] (1 = off)")
+
+
+def _check_int(name: str, value: object, low: int, high: int | None) -> None:
+    """Raise InvalidArgument unless ``value`` is an integer in [low, high] (high None = no cap)."""
+    wanted = f"in {low}..{high}" if high is not None else f">= {low}"
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise InvalidArgument(f"{name} must be an integer {wanted}, got {value!r}")
+    number = int(value)
+    if number < low or (high is not None and number > high):
+        raise InvalidArgument(f"{name} {number} is out of range: must be {wanted}")
+
+
+def _check_float(name: str, value: object, low: float, high: float) -> None:
+    """Raise InvalidArgument unless ``value`` is a finite real number in [low, high]."""
+    wanted = f"a finite number in [{low:g}, {high:g}]"
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise InvalidArgument(f"{name} must be {wanted}, got {value!r}")
+    if not math.isfinite(float(value)):
+        raise InvalidArgument(f"{name} {value} is not finite: must be {wanted}")
+    if not low <= float(value) <= high:
+        raise InvalidArgument(f"{name} {value} is out of range: must be {wanted}")

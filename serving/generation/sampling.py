@@ -1,0 +1,214 @@
+"""Next-token choice for one sequence from numpy logits: greedy, temperature, top-k, top-p.
+
+Every row is handled on its own with the sequence's own random generator, so a request's output
+never depends on which other requests share its decode batch: a seeded request gives the same
+tokens alone or batched. The filtering matches ``models.generation.sample_next`` (the PyTorch
+reference): temperature first, then top-k (ties with the k-th logit are kept), then top-p (a
+token is kept while the probability mass of the tokens ranked before it is below ``top_p``, so
+the most likely token always stays).
+
+Logits may be float16, float32 or float64; the arithmetic is done in float64. NaN logits count
+as impossible tokens (-inf) and +inf logits as the largest finite value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from serving.generation.options import DecodingOptions
+
+_NUCLEUS_PREFIX = 256  # top-p first looks at this many best tokens before sorting the vocabulary
+
+
+def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Numerically stable log-softmax.
+
+    Args:
+        logits: any shape; float16 is computed in float32, float32 and float64 in their own type.
+        axis: the vocabulary axis.
+
+    Returns:
+        Log-probabilities with the shape of ``logits``; -inf logits give -inf, and a slice whose
+        logits are all -inf gives -inf everywhere (not NaN).
+    """
+    x = np.asarray(logits)
+    x = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
+    top = np.max(x, axis=axis, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    shifted = x - top
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+        out = shifted - lse
+    return np.where(np.isneginf(lse), -np.inf, out).astype(x.dtype, copy=False)
+
+
+def clean_logits(logits: np.ndarray) -> np.ndarray:
+    """A float64 copy of ``logits`` with NaN set to -inf and +inf to the largest float.
+
+    Args:
+        logits: any shape and float dtype.
+
+    Returns:
+        A new float64 array of the same shape.
+    """
+    x = np.array(logits, dtype=np.float64)
+    return np.nan_to_num(
+        x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf
+    )
+
+
+def filter_logits(
+    logits_row: np.ndarray, *, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> np.ndarray:
+    """Apply temperature, top-k and top-p to one row, as ``sample_next`` does before its draw.
+
+    Args:
+        logits_row: (V,) logits of one sequence (any float dtype; NaN counts as -inf).
+        temperature: above 0; the logits are divided by it.
+        top_k: keep the tokens whose logit is at least the k-th largest; 0 (or >= V) = off.
+        top_p: in (0, 1]; keep the smallest prefix of the tokens ranked by probability (ties in
+            vocabulary order) whose mass reaches ``top_p``; 1 = off.
+
+    Returns:
+        (V,) float64 scaled logits, shifted so that the largest is 0, with -inf for every token
+        that may not be drawn. At least one token stays finite when any input logit is finite.
+
+    Raises:
+        ValueError: bad options, or a row that is not 1-D or has no finite logit.
+    """
+    _check_sampling_options(temperature, top_k, top_p)
+    if temperature == 0:
+        raise ValueError("filter_logits needs temperature > 0 (temperature 0 is greedy argmax)")
+    x = clean_logits(logits_row)
+    if x.ndim != 1:
+        raise ValueError(f"expected one row of logits (V,), got shape {x.shape}")
+    if not np.isfinite(x).any():
+        raise ValueError("every logit is -inf or NaN: no token can be drawn")
+    with np.errstate(over="ignore"):  # shifted first: only unlikely tokens can reach -inf
+        x = (x - x.max()) / temperature
+    if 0 < top_k < x.size:
+        kth = np.partition(x, x.size - top_k)[x.size - top_k]
+        x[x < kth] = -np.inf
+    if top_p < 1:
+        _apply_top_p(x, top_p)
+    return x
+
+
+def _apply_top_p(x: np.ndarray, top_p: float) -> None:
+    """Set to -inf (in place) every token outside the nucleus of mass ``top_p``.
+
+    The tokens are ranked by probability, ties in vocabulary order. A token is kept while the
+    mass ranked strictly before it is below ``top_p``; tokens whose probability underflows to 0
+    are dropped. Only the best ``_NUCLEUS_PREFIX`` tokens
+    (and their ties) are sorted when they already hold ``top_p`` of the mass: every other token
+    then has at least that mass before it, so the result equals a full sort's.
+    """
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    candidates = np.flatnonzero(probs > 0)  # zero-probability tokens are never drawn anyway
+    if candidates.size > _NUCLEUS_PREFIX:
+        live = probs[candidates]
+        threshold = np.partition(live, live.size - _NUCLEUS_PREFIX)[live.size - _NUCLEUS_PREFIX]
+        order, before, total = _ranked_mass(probs, candidates[live >= threshold])
+        if total < top_p:  # the nucleus reaches past the prefix: rank every token
+            order, before, total = _ranked_mass(probs, candidates)
+    else:
+        order, before, total = _ranked_mass(probs, candidates)
+    keep = np.zeros(x.size, dtype=bool)
+    keep[order[before < top_p]] = True
+    x[~keep] = -np.inf
+
+
+def _ranked_mass(probs: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Rank ``tokens`` (ascending ids) by probability; the mass before each and the total."""
+    order = tokens[np.argsort(-probs[tokens], kind="stable")]
+    cumulative = np.cumsum(probs[order])
+    return order, cumulative - probs[order], float(cumulative[-1])
+
+
+def draw(filtered: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token from ``softmax(filtered)`` with a single uniform number from ``rng``.
+
+    Args:
+        filtered: (V,) float64 logits from ``filter_logits`` (-inf = never drawn).
+        rng: the sequence's generator; exactly one ``rng.random()`` is consumed.
+
+    Returns:
+        A token id whose probability is above 0.
+    """
+    weights = np.exp(filtered - filtered.max())
+    cumulative = np.cumsum(weights)
+    target = rng.random() * cumulative[-1]
+    token = int(np.searchsorted(cumulative, target, side="right"))
+    if token >= weights.size:  # rounding put the target on the total: take the last possible
+        token = int(np.flatnonzero(weights)[-1])
+    return token
+
+
+class RowSampler:
+    """Chooses the next token of one sequence; owns the sequence's random generator.
+
+    Args:
+        options: the request's decoding options (temperature, top_k, top_p, seed,
+            min_new_tokens are used).
+        eos_id: the end-of-sequence token, suppressed while fewer than ``min_new_tokens`` tokens
+            have been generated.
+        rng: a generator to use instead of one seeded from ``options.seed`` (tests).
+
+    Raises:
+        ValueError: a negative ``eos_id`` or sampling options outside their ranges.
+    """
+
+    def __init__(
+        self, options: DecodingOptions, eos_id: int, rng: np.random.Generator | None = None
+    ) -> None:
+        _check_sampling_options(options.temperature, options.top_k, options.top_p)
+        if eos_id < 0:
+            raise ValueError(f"eos_id must be a token id >= 0, got {eos_id}")
+        self.options = options
+        self.eos_id = int(eos_id)
+        # default_rng(None) seeds from OS entropy; a seed in 0..2**64-1 makes the draws repeatable.
+        self.rng = rng if rng is not None else np.random.default_rng(options.seed)
+
+    def choose(self, logits_row: np.ndarray, generated: int) -> int:
+        """The next token of this sequence.
+
+        Args:
+            logits_row: (V,) logits of this sequence's row (float16, float32 or float64).
+            generated: how many tokens this sequence has generated before this one.
+
+        Returns:
+            The token id. Greedy (temperature 0) takes the argmax, lowest id on ties; sampling
+            draws one uniform number from the sequence's generator. When no token is possible
+            (every logit -inf or NaN, or only EOS while it is suppressed) ``eos_id`` is returned
+            so that the sequence ends instead of emitting an arbitrary token.
+
+        Raises:
+            ValueError: ``logits_row`` is not 1-D or ``eos_id`` is not a valid index into it.
+        """
+        x = clean_logits(logits_row)
+        if x.ndim != 1 or not 0 <= self.eos_id < x.size:
+            raise ValueError(
+                f"expected one row of logits (V,) with eos_id {self.eos_id} < V, got {x.shape}"
+            )
+        if generated < self.options.min_new_tokens:
+            x[self.eos_id] = -np.inf
+        if not np.isfinite(x).any():
+            return self.eos_id
+        if self.options.temperature == 0:
+            return int(np.argmax(x))
+        filtered = filter_logits(
+            x,
+            temperature=self.options.temperature,
+            top_k=self.options.top_k,
+            top_p=self.options.top_p,
+        )
+        return draw(filtered, self.rng)
+
+
+def _check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:
+    if not (np.isfinite(temperature) and temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
+        raise ValueError(
+            f"bad sampling options temperature={temperature} top_k={top_k} top_p={top_p}: "
+            "need a finite temperature >= 0, top_k >= 0, 0 < top_p <= 1"
+        )

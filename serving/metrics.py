@@ -1,0 +1,246 @@
+"""Every Prometheus metric of the server, declared once, here.
+
+Each ``ServingMetrics`` owns its own ``CollectorRegistry`` so several servers in one process (tests)
+do not collide, and serves it on its own HTTP port. Base units (seconds), prefix ``attnserve_``,
+histograms for latencies.
+
+=======================================  =========  ===================  ==========================
+Metric                                   Type       Labels               Meaning
+=======================================  =========  ===================  ==========================
+attnserve_requests_total                 counter    model, method, code  finished RPCs; code is the
+                                                                         gRPC status name ("OK")
+attnserve_request_duration_seconds       histogram  model, method        RPC latency, end to end
+attnserve_queue_duration_seconds         histogram  model                wait in a batcher's queue
+attnserve_compute_duration_seconds       histogram  model, stage         one batched call; stage:
+                                                                         preprocess, encoder,
+                                                                         decoder_step, classifier,
+                                                                         postprocess, batch
+attnserve_batch_size                     histogram  model, stage         requests / sequences per
+                                                                         batched call
+attnserve_time_to_first_token_seconds    histogram  model                arrival to first token
+attnserve_time_per_output_token_seconds  histogram  model                mean gap between later
+                                                                         tokens of a sequence
+attnserve_generated_tokens_total         counter    model                tokens generated
+attnserve_active_sequences               gauge      model                sequences decoding now
+attnserve_kv_cache_usage_ratio           gauge      model                KV-cache in use, 0..1
+attnserve_kv_cache_tokens                gauge      model                tokens in the KV-cache
+attnserve_queue_depth                    gauge      model                requests queued now
+=======================================  =========  ===================  ==========================
+
+Histograms are exposed as ``<name>_bucket`` / ``_sum`` / ``_count``; counters as ``<name>``
+(ending in ``_total``) plus prometheus-client's ``<name without _total>_created``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    make_wsgi_app,
+)
+
+# Sub-millisecond (a cached classifier call) to 30 s (a long generation) in ~1-2.5-5 steps.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+_STOP_POLL_S = 0.05  # how often the HTTP thread checks for stop(); the default 0.5 s slows tests
+
+REQUESTS = "attnserve_requests_total"
+REQUEST_DURATION = "attnserve_request_duration_seconds"
+QUEUE_DURATION = "attnserve_queue_duration_seconds"
+COMPUTE_DURATION = "attnserve_compute_duration_seconds"
+BATCH_SIZE = "attnserve_batch_size"
+TIME_TO_FIRST_TOKEN = "attnserve_time_to_first_token_seconds"
+TIME_PER_OUTPUT_TOKEN = "attnserve_time_per_output_token_seconds"
+GENERATED_TOKENS = "attnserve_generated_tokens_total"
+ACTIVE_SEQUENCES = "attnserve_active_sequences"
+KV_CACHE_USAGE = "attnserve_kv_cache_usage_ratio"
+KV_CACHE_TOKENS = "attnserve_kv_cache_tokens"
+QUEUE_DEPTH = "attnserve_queue_depth"
+
+# Every metric name as declared (and as dashboards query it, before any _bucket/_sum/_count).
+METRIC_NAMES: tuple[str, ...] = (
+    REQUESTS,
+    REQUEST_DURATION,
+    QUEUE_DURATION,
+    COMPUTE_DURATION,
+    BATCH_SIZE,
+    TIME_TO_FIRST_TOKEN,
+    TIME_PER_OUTPUT_TOKEN,
+    GENERATED_TOKENS,
+    ACTIVE_SEQUENCES,
+    KV_CACHE_USAGE,
+    KV_CACHE_TOKENS,
+    QUEUE_DEPTH,
+)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per scrape, so a slow scraper never blocks another."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@dataclass
+class MetricsServer:
+    """A running /metrics HTTP endpoint; ``stop()`` closes it and frees the port."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when 0 was asked for)."""
+        return int(self.httpd.server_address[1])
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and wait for the serving thread."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+class ServingMetrics:
+    """The server's metrics in one registry of their own.
+
+    Attributes (all labelled; call ``.labels(...)`` first):
+        requests, request_latency, queue_time, compute_time, batch_size, time_to_first_token,
+        time_per_output_token, generated_tokens, active_sequences, kv_cache_usage,
+        kv_cache_tokens, queue_depth: see the module docstring for names and labels.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Declare every metric in ``registry``.
+
+        Args:
+            registry: where to register; a fresh ``CollectorRegistry`` by default. Passing
+                prometheus_client's global ``REGISTRY`` works once per process only.
+        """
+        self.registry = registry if registry is not None else CollectorRegistry()
+        reg = self.registry
+        latency = LATENCY_BUCKETS
+        self.requests = Counter(
+            REQUESTS,
+            "Finished RPCs by gRPC status code.",
+            ["model", "method", "code"],
+            registry=reg,
+        )
+        self.request_latency = Histogram(
+            REQUEST_DURATION,
+            "RPC latency, end to end.",
+            ["model", "method"],
+            buckets=latency,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            QUEUE_DURATION,
+            "Time requests waited in a queue.",
+            ["model"],
+            buckets=latency,
+            registry=reg,
+        )
+        self.compute_time = Histogram(
+            COMPUTE_DURATION,
+            "Duration of one batched call of a stage.",
+            ["model", "stage"],
+            buckets=latency,
+            registry=reg,
+        )
+        self.batch_size = Histogram(
+            BATCH_SIZE,
+            "Requests or sequences per batched call.",
+            ["model", "stage"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        )
+        self.time_to_first_token = Histogram(
+            TIME_TO_FIRST_TOKEN,
+            "Arrival to first generated token.",
+            ["model"],
+            buckets=latency,
+            registry=reg,
+        )
+        self.time_per_output_token = Histogram(
+            TIME_PER_OUTPUT_TOKEN,
+            "Mean time between generated tokens after the first.",
+            ["model"],
+            buckets=latency,
+            registry=reg,
+        )
+        self.generated_tokens = Counter(
+            GENERATED_TOKENS, "Generated tokens.", ["model"], registry=reg
+        )
+        self.active_sequences = Gauge(
+            ACTIVE_SEQUENCES, "Sequences decoding now.", ["model"], registry=reg
+        )
+        self.kv_cache_usage = Gauge(
+            KV_CACHE_USAGE, "Fraction of the KV-cache in use (0..1).", ["model"], registry=reg
+        )
+        self.kv_cache_tokens = Gauge(
+            KV_CACHE_TOKENS, "Tokens held in the KV-cache.", ["model"], registry=reg
+        )
+        self.queue_depth = Gauge(QUEUE_DEPTH, "Requests queued now.", ["model"], registry=reg)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format (what /metrics returns)."""
+        return generate_latest(self.registry)
+
+    def start_http_server(self, port: int, addr: str = "127.0.0.1") -> tuple[MetricsServer, int]:
+        """Serve this registry at ``http://addr:port/metrics`` from a daemon thread.
+
+        Args:
+            port: TCP port; 0 picks a free one.
+            addr: interface to bind; loopback by default, "0.0.0.0" for scrapers elsewhere.
+
+        Returns:
+            The running server (call ``.stop()`` to close it) and the port actually bound.
+
+        Raises:
+            OSError: when the port is taken or the address cannot be bound.
+        """
+        httpd = make_server(
+            addr,
+            port,
+            make_wsgi_app(self.registry),
+            server_class=_ThreadingWSGIServer,
+            handler_class=_QuietHandler,
+        )
+        thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": _STOP_POLL_S},
+            name=f"metrics-http-{port}",
+            daemon=True,
+        )
+        thread.start()
+        server = MetricsServer(httpd, thread)
+        return server, server.port
