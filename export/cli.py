@@ -60,6 +60,9 @@ def add_parsers(subparsers: Any) -> None:
     export_all.add_argument(
         "--jobs", type=int, default=0, help="parallel processes (default: the plan's, else 2)"
     )
+    export_all.add_argument(
+        "--repository", type=Path, help="export into this repository instead of the plan's"
+    )
     export_all.set_defaults(handler=run_export_all)
 
 
@@ -101,4 +104,4 @@ def run_export_all(args: argparse.Namespace) -> int:
     """Export a plan; exit code 1 when any model failed."""
     from export.batch import run_plan
 
-    return run_plan(args.plan, jobs=args.jobs or None)
+    return run_plan(args.plan, jobs=args.jobs or None, repository=args.repository)

@@ -37,6 +37,7 @@ from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED
 from models.train.common import pad_batch
 from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.model_config import OnnxRuntimeOptions
 from serving.seq2seq import Seq2SeqRunner
 
 MIN_OPSET, MAX_OPSET = 17, 24
@@ -74,6 +75,8 @@ def export(
         ExportError: export, quantisation or a parity check failed (nothing is left behind).
     """
     check_precision(options.precision)
+    if options.tensorrt and options.precision == "int8":
+        raise ExportError("--tensorrt builds from fp32 or fp16 graphs; use --precision fp16")
     if not MIN_OPSET <= options.opset <= MAX_OPSET:
         raise ExportError(
             f"--opset must be between {MIN_OPSET} and {MAX_OPSET}, got {options.opset}"
@@ -112,7 +115,11 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
 
                 onnx_model = onnx.load(str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
-    backend = OnnxRuntimeBackend(version_dir, {s.name: s.filename for s in specs})
+    backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
+        version_dir,
+        {s.name: s.filename for s in specs},
+        OnnxRuntimeOptions(intra_op_threads=torch.get_num_threads()),
+    )
     report = _parity(loaded, graph_specs(loaded.kind, model), backend, options)
     report.check()
     manifest: dict[str, Any] = {
@@ -135,7 +142,9 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
         from export.tensorrt import build_engines
 
         manifest["tensorrt"] = build_engines(version_dir, loaded, options)
-        manifest["files"] += [e["file"] for e in manifest["tensorrt"]["engines"]]
+        engines = manifest["tensorrt"]["engines"]
+        manifest["files"] += [e["file"] for e in engines] + [e["layers_file"] for e in engines]
+        manifest["files"].append(manifest["tensorrt"]["timing_cache"])
     return manifest
 
 
@@ -172,15 +181,21 @@ def _parity(
     if loaded.kind == "vit":
         images, _ = digits.load_digits_split("test")
         config = model.config
-        pixels = torch.from_numpy(pixel_values(images[:n], config.image_mean, config.image_std))
+        images = resized(images[:n], config.image_size)
+        pixels = torch.from_numpy(pixel_values(images, config.image_mean, config.image_std))
         classifier_real_parity(model, backend, pixels, report, float_dtype)
         return report
     config = model.config
     spec = model_config_for(loaded, "parity", options.precision).decoder
     assert spec is not None
     runner = Seq2SeqRunner(backend, spec)
+    # The decoder's position table bounds both the reference targets and the generation.
+    longest = spec.max_positions - 1
     for inputs, targets in _seq2seq_batches(loaded, n):
-        seq2seq_real_parity(model, runner, inputs, targets, report, config.max_target_length)
+        clipped = [t[:longest] for t in targets]
+        seq2seq_real_parity(
+            model, runner, inputs, clipped, report, min(config.max_target_length, longest)
+        )
     return report
 
 
@@ -208,9 +223,7 @@ def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = 32):
     data = shapes.generate(n, seed=EVAL_SEED, split="test")
     for first in range(0, n, batch):
         chunk = data[first : first + batch]
-        images = np.stack([image for image, _ in chunk])
-        if images.shape[1] != config.image_size:
-            raise ExportError("captioner image size differs from the shapes data set")
+        images = resized(np.stack([image for image, _ in chunk]), config.image_size)
         pixels = torch.from_numpy(pixel_values(images, config.image_mean, config.image_std))
         targets = (
             tokenizer.encode_batch([text for _, text in chunk])
@@ -218,3 +231,17 @@ def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = 32):
             else [[config.eos_id]] * len(chunk)
         )
         yield (pixels,), targets
+
+
+def resized(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (N, H, W, 3) images at size x size, resized as serving's decode_image does."""
+    if images.shape[1:3] == (size, size):
+        return images
+    from PIL import Image
+
+    return np.stack(
+        [
+            np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BILINEAR))
+            for image in images
+        ]
+    )

@@ -146,6 +146,11 @@ class DynamicBatcher(Generic[T, R]):
         self._closed = False
 
     @property
+    def running(self) -> bool:
+        """Started and not stopped: submits are accepted."""
+        return self._task is not None and not self._closed
+
+    @property
     def queue_depth(self) -> int:
         """Requests queued and not yet dispatched."""
         return len(self._queue)

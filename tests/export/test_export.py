@@ -60,8 +60,13 @@ def test_decoder_graph_holds_attention_and_kv_cache(tiny_translator_entry: Path)
     mask = inputs["self_attention_mask"].type.tensor_type.shape.dim
     assert [d.dim_param for d in mask] == ["batch", "total_length"]
     outputs = [value.name for value in decoder.graph.output]
-    assert outputs == ["logits", "present_key.0", "present_value.0", "present_key.1",
-                       "present_value.1"]
+    assert outputs == [
+        "logits",
+        "present_key.0",
+        "present_value.0",
+        "present_key.1",
+        "present_value.1",
+    ]
 
 
 def test_existing_version_needs_force(tiny_translator_entry: Path) -> None:
@@ -72,8 +77,11 @@ def test_existing_version_needs_force(tiny_translator_entry: Path) -> None:
 
 def test_force_overwrites_and_a_new_version_sits_beside(tiny_translator_entry: Path) -> None:
     repository = tiny_translator_entry.parent
-    export(_tiny_translator_source(), repository,
-           ExportOptions(parity_examples=100, version=2, precision="int8"))
+    export(
+        _tiny_translator_source(),
+        repository,
+        ExportOptions(parity_examples=100, version=2, precision="int8"),
+    )
     manifest = json.loads((tiny_translator_entry / "2" / "manifest.json").read_text())
     assert manifest["precision"] == "int8"
     assert manifest["graphs"]["decoder"]["attention_nodes"] == 4  # int8 keeps standard Attention
@@ -82,8 +90,9 @@ def test_force_overwrites_and_a_new_version_sits_beside(tiny_translator_entry: P
 
 
 def test_legacy_opset_decomposes_attention(tmp_path: Path) -> None:
-    result = export(_tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100,
-                                                                       opset=18))
+    result = export(
+        _tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, opset=18)
+    )
     assert result.manifest["graphs"]["decoder"]["attention_nodes"] == 0
     assert result.manifest["graphs"]["decoder"]["op_types"]["Softmax"] == 4
     assert result.manifest["parity"]["greedy_agreement"] == 1.0
@@ -101,10 +110,10 @@ def test_fp16_variant(tmp_path: Path) -> None:
 
 def test_captioner_export_from_checkpoint_dir(tmp_path: Path) -> None:
     tokenizer = SubwordTokenizer.train(["a small red circle left of a large blue square"], 140)
-    config = captioner.preset("tiny", image_size=48, patch_size=8,
-                              vocab_size=tokenizer.vocab_size)
-    checkpoint = save_checkpoint(tmp_path / "ckpt", "captioner", captioner.Captioner(config),
-                                 tokenizer)
+    config = captioner.preset("tiny", image_size=48, patch_size=8, vocab_size=tokenizer.vocab_size)
+    checkpoint = save_checkpoint(
+        tmp_path / "ckpt", "captioner", captioner.Captioner(config), tokenizer
+    )
     result = export(str(checkpoint), tmp_path / "repo", FAST)
     assert result.manifest["kind"] == "captioner"
     assert result.manifest["parity"]["greedy_agreement"] == 1.0
@@ -125,7 +134,7 @@ def test_failed_parity_leaves_nothing_behind(tmp_path: Path, monkeypatch) -> Non
 
 
 def test_bad_sources_say_what_to_do(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="not a model kind .*translator, vit, captioner"):
+    with pytest.raises(SourceError, match=r"not a model kind .*translator, vit, captioner"):
         export("resnet", tmp_path, FAST)
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()

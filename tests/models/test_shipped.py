@@ -24,7 +24,10 @@ SIZE_BUDGET_BYTES = 30 * 1024 * 1024
 def run_eval(kind: str) -> dict:
     completed = subprocess.run(
         [sys.executable, "-m", "attnserve_cli", "eval", kind],
-        capture_output=True, text=True, check=True, timeout=600,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
     )
     return json.loads(completed.stdout.strip().splitlines()[-1])
 

@@ -1,0 +1,186 @@
+"""`attnserve serve`, `translate`, `caption`, `classify`. No torch is imported here."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from serving.server_config import ServerConfig
+
+SHIPPED_PLAN = Path(__file__).resolve().parent.parent / "export" / "plans" / "shipped.yaml"
+DEFAULTS = ServerConfig()
+DEFAULT_SERVER = f"127.0.0.1:{DEFAULTS.port}"
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Register serve and the client commands."""
+    serve = subparsers.add_parser(
+        "serve",
+        help="serve a model repository over gRPC (attnserve API + KServe v2) with /metrics",
+        description="With no arguments: serves the shipped models from ./model_repository, "
+        "exporting them there first if it does not exist (needs the export extra once).",
+    )
+    serve.add_argument("--config", type=Path, help="server YAML (fields as the flags below)")
+    serve.add_argument("--repository", help=f"model repository (default {DEFAULTS.repository})")
+    serve.add_argument("--host", help=f"gRPC bind address (default {DEFAULTS.host})")
+    serve.add_argument("--port", type=int, help=f"gRPC port (default {DEFAULTS.port}; 0 = free)")
+    serve.add_argument(
+        "--metrics-host", help=f"metrics bind address (default {DEFAULTS.metrics_host})"
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        help=f"Prometheus port (default {DEFAULTS.metrics_port}; -1 off)",
+    )
+    serve.add_argument("--models", nargs="+", help="serve only these entries")
+    serve.add_argument(
+        "--grace-period",
+        type=float,
+        dest="grace_period_s",
+        help=f"seconds in-flight requests get on SIGTERM (default {DEFAULTS.grace_period_s})",
+    )
+    serve.add_argument("--log-level", help=f"default {DEFAULTS.log_level}")
+    serve.set_defaults(handler=run_serve)
+
+    for name, helptext in (
+        ("translate", "translate English text with a running server"),
+        ("caption", "caption an image with a running server"),
+        ("classify", "classify an image with a running server"),
+    ):
+        command = subparsers.add_parser(name, help=helptext)
+        command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
+        command.add_argument("--model", default="", help="model name (default: the task's)")
+        command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+        if name == "translate":
+            command.add_argument("text", nargs="+", help="one or more texts")
+            command.add_argument("--to", required=True, help="target language: de, fr or es")
+        else:
+            command.add_argument("image", type=Path, help="PNG or JPEG file")
+        if name == "classify":
+            command.add_argument("--top-k", type=int, default=5)
+        else:
+            command.add_argument("--stream", action="store_true", help="print tokens as they come")
+            command.add_argument("--max-new-tokens", type=int)
+            command.add_argument("--beam-size", type=int)
+            command.add_argument("--temperature", type=float)
+            command.add_argument("--top-k", type=int)
+            command.add_argument("--top-p", type=float)
+            command.add_argument("--seed", type=int)
+        command.set_defaults(handler=run_client)
+
+
+# --- serve --------------------------------------------------------------------------------------
+def run_serve(args: argparse.Namespace) -> int:
+    """Start the server and block until SIGTERM / SIGINT, then drain."""
+    from serving.server_config import load_server_config
+
+    overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
+    if overrides.get("models"):
+        overrides["models"] = tuple(overrides["models"])
+    config = load_server_config(args.config, overrides)
+    logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(message)s")
+    if args.config is None and args.repository is None:
+        ensure_shipped_repository(Path(config.repository))
+    return asyncio.run(_serve(config))
+
+
+def ensure_shipped_repository(repository: Path) -> None:
+    """Export the shipped models into ``repository`` when it holds none (first run).
+
+    Runs the export in a child process: exporting needs torch, serving must not import it.
+
+    Raises:
+        RuntimeError: when the export fails (e.g. the export extra is not installed).
+    """
+    if repository.is_dir() and any(repository.glob("*/config.yaml")):
+        return
+    print(f"first run: exporting the shipped models into {repository}/ ...", file=sys.stderr)
+    command = [
+        sys.executable,
+        "-m",
+        "attnserve_cli",
+        "export-all",
+        str(SHIPPED_PLAN),
+        "--repository",
+        str(repository),
+    ]
+    if subprocess.run(command, check=False).returncode != 0:
+        raise RuntimeError(
+            "exporting the shipped models failed (see above); install the export extra "
+            "(pip install -e '.[export]') or pass --repository with an exported repository"
+        )
+
+
+async def _serve(config: ServerConfig) -> int:
+    from serving.server import create_server
+
+    running = await create_server(config)
+    metrics = (
+        f", metrics on {config.metrics_host}:{running.metrics_port}" if running.metrics_port else ""
+    )
+    print(
+        f"attnserve serving {', '.join(m.name for m in running.repository.models())} on "
+        f"{config.host}:{running.port}{metrics}",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"draining (grace period {config.grace_period_s:g} s)", flush=True)
+    await running.stop(config.grace_period_s)
+    return 0
+
+
+# --- clients ------------------------------------------------------------------------------------
+def run_client(args: argparse.Namespace) -> int:
+    """Call a running server; prints the answer (or streams it)."""
+    from serving.client import AttnServeClient, ClientError
+
+    options = {
+        key: getattr(args, key, None)
+        for key in ("max_new_tokens", "beam_size", "temperature", "top_k", "top_p", "seed")
+    }
+    with AttnServeClient(args.server, timeout=args.timeout) as client:
+        try:
+            if args.command == "classify":
+                for label in client.classify(_read(args.image), top_k=args.top_k, model=args.model):
+                    print(f"{label.label}\t{label.score:.4f}")
+                return 0
+            if args.command == "translate":
+                if args.stream:
+                    for text in args.text:
+                        _print_stream(client.translate_stream(text, args.to, args.model, **options))
+                    return 0
+                for result in client.translate(args.text, args.to, args.model, **options):
+                    print(result.text)
+                return 0
+            image = _read(args.image)
+            if args.stream:
+                _print_stream(client.caption_stream(image, args.model, **options))
+            else:
+                print(client.caption(image, args.model, **options).text)
+            return 0
+        except ClientError as err:
+            print(f"attnserve {args.command}: {err}", file=sys.stderr)
+            return 2 if err.code.name in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
+
+
+def _print_stream(deltas: Any) -> None:
+    for delta in deltas:
+        print(delta, end="", flush=True)
+    print()
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise FileNotFoundError(f"image {path} does not exist")
+    return path.read_bytes()

@@ -1,0 +1,169 @@
+"""A small synchronous client for the attnserve.v1 API.
+
+with AttnServeClient("127.0.0.1:50051") as client:
+    client.translate(["three hundred and twelve"], to="de")[0].text   # 'dreihundertzwölf'
+    for delta in client.translate_stream("forty-two", to="fr"): print(delta, end="")
+    client.caption(Path("scene.png").read_bytes()).text
+    client.classify(Path("digit.png").read_bytes())[0].label
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+
+FINISH_NAMES = {
+    pb.FINISH_REASON_UNSPECIFIED: "",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_CANCELLED: "cancelled",
+}
+
+
+class ClientError(RuntimeError):
+    """A call failed; ``code`` is the gRPC status, the message the server's explanation."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.details = message
+
+
+@dataclass
+class TextResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    score: float = 0.0
+    alternatives: tuple[str, ...] = ()
+
+
+@dataclass
+class Label:
+    label: str
+    index: int
+    score: float
+
+
+def decoding_options(**options: Any) -> pb.DecodingOptions:
+    """DecodingOptions from keyword arguments (max_new_tokens, beam_size, temperature, ...)."""
+    return pb.DecodingOptions(**{k: v for k, v in options.items() if v is not None})
+
+
+class AttnServeClient:
+    """Blocking client; every call takes an optional per-call ``timeout`` in seconds."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = 30.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.AttnServeStub(self.channel)
+
+    def __enter__(self) -> AttnServeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
+        try:
+            return method(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise ClientError(err.code(), err.details() or "") from err
+
+    def _stream(self, method: Any, request: Any, timeout: float | None) -> Iterator[Any]:
+        try:
+            yield from method(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise ClientError(err.code(), err.details() or "") from err
+
+    def translate(
+        self,
+        texts: str | list[str],
+        to: str,
+        model: str = "",
+        timeout: float | None = None,
+        **options: Any,
+    ) -> list[TextResult]:
+        """Translate one or more English texts into language ``to`` (de, fr, es)."""
+        request = pb.TranslateRequest(
+            texts=[texts] if isinstance(texts, str) else texts,
+            target_language=to,
+            model=model,
+            options=decoding_options(**options),
+        )
+        response = self._call(self.stub.Translate, request, timeout)
+        return [
+            TextResult(
+                t.text,
+                list(t.token_ids),
+                FINISH_NAMES[t.finish_reason],
+                t.score,
+                tuple(a.text for a in t.alternatives),
+            )
+            for t in response.translations
+        ]
+
+    def translate_stream(
+        self, text: str, to: str, model: str = "", timeout: float | None = None, **options: Any
+    ) -> Iterator[str]:
+        """Text deltas of one translation as the server produces them."""
+        request = pb.TranslateStreamRequest(
+            text=text, target_language=to, model=model, options=decoding_options(**options)
+        )
+        for message in self._stream(self.stub.TranslateStream, request, timeout):
+            if message.delta:
+                yield message.delta
+
+    def caption(
+        self, image: bytes, model: str = "", timeout: float | None = None, **options: Any
+    ) -> TextResult:
+        """Caption a PNG / JPEG image."""
+        request = pb.CaptionRequest(image=image, model=model, options=decoding_options(**options))
+        r = self._call(self.stub.Caption, request, timeout)
+        return TextResult(
+            r.text,
+            list(r.token_ids),
+            FINISH_NAMES[r.finish_reason],
+            r.score,
+            tuple(a.text for a in r.alternatives),
+        )
+
+    def caption_stream(
+        self, image: bytes, model: str = "", timeout: float | None = None, **options: Any
+    ) -> Iterator[str]:
+        """Text deltas of a caption as the server produces them."""
+        request = pb.CaptionRequest(image=image, model=model, options=decoding_options(**options))
+        for message in self._stream(self.stub.CaptionStream, request, timeout):
+            if message.delta:
+                yield message.delta
+
+    def classify(
+        self, image: bytes, top_k: int = 5, model: str = "", timeout: float | None = None
+    ) -> list[Label]:
+        """Top-k labels of a PNG / JPEG image, most likely first."""
+        request = pb.ClassifyRequest(image=image, top_k=top_k, model=model)
+        response = self._call(self.stub.Classify, request, timeout)
+        return [Label(s.label, s.index, s.score) for s in response.labels]
+
+    def list_models(self) -> list[pb.ModelInfo]:
+        return list(self._call(self.stub.ListModels, pb.ListModelsRequest(), None).models)
+
+    def get_model(self, name: str) -> pb.ModelInfo:
+        return self._call(self.stub.GetModel, pb.GetModelRequest(name=name), None)
+
+    def health(self, service: str = "") -> str:
+        """grpc.health.v1 status name: SERVING, NOT_SERVING, ..."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        response = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service), None)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)

@@ -1,0 +1,119 @@
+"""The grpc.aio server: attnserve API, KServe v2, health, reflection, metrics, graceful drain."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from serving.metrics import MetricsServer, ServingMetrics
+from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
+from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
+from serving.repository import ModelRepository
+from serving.server_config import ServerConfig
+from serving.services.attnserve import AttnServeServicer
+from serving.services.common import ServerState
+from serving.services.kserve import KServeServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    attnserve_pb2.DESCRIPTOR.services_by_name["AttnServe"].full_name,
+    grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+)
+
+
+@dataclass
+class RunningServer:
+    """A started server; ``stop`` drains it."""
+
+    server: grpc.aio.Server
+    port: int
+    metrics_port: int | None
+    repository: ModelRepository
+    metrics: ServingMetrics
+    state: ServerState
+    health: Any
+    metrics_server: MetricsServer | None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float) -> None:
+        """Drain: health NOT_SERVING, new requests UNAVAILABLE, in-flight ones get ``grace`` s."""
+        self.state.draining = True
+        await _set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace)
+        await self.repository.stop(grace)
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+
+
+async def _set_health(servicer: Any, status: int) -> None:
+    for name in ("", *SERVICE_NAMES[:2]):
+        result = servicer.set(name, status)
+        if inspect.isawaitable(result):
+            await result
+
+
+def _reflection_pool() -> descriptor_pool.DescriptorPool:
+    """A pool holding every served file (the inference protos live in a private pool)."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in (attnserve_pb2, grpc_service_pb2, health_pb2, reflection_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
+
+
+async def create_server(
+    config: ServerConfig, repository: ModelRepository | None = None
+) -> RunningServer:
+    """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
+
+    Raises:
+        RepositoryError: the repository cannot be served.
+        OSError: the port cannot be bound.
+    """
+    metrics = ServingMetrics()
+    repository = repository or ModelRepository.load(config.repository, metrics, config.models)
+    await repository.start()
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    server = grpc.aio.server(options=options)
+    state = ServerState()
+    attnserve_pb2_grpc.add_AttnServeServicer_to_server(
+        AttnServeServicer(repository, metrics, state), server
+    )
+    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        KServeServicer(repository, metrics, state), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, reflection.SERVICE_NAME), server, pool=_reflection_pool()
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        await repository.stop(0)
+        raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
+    await server.start()
+    await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
+    metrics_server, metrics_port = None, None
+    if config.metrics_port >= 0:
+        metrics_server, metrics_port = metrics.start_http_server(
+            config.metrics_port, config.metrics_host
+        )
+    log.info("serving %s on %s:%d", [m.name for m in repository.models()], config.host, port)
+    return RunningServer(
+        server, port, metrics_port, repository, metrics, state, health_servicer, metrics_server
+    )

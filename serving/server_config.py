@@ -1,0 +1,52 @@
+"""`attnserve serve` configuration: a YAML file, overridden by command-line flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from serving.schema import SchemaError, load_yaml
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything the server reads at start; each field is also a `serve` flag."""
+
+    repository: str = "model_repository"  # model repository directory
+    host: str = "127.0.0.1"  # gRPC bind address (0.0.0.0 in containers)
+    port: int = 50051  # gRPC port; 0 picks a free one
+    metrics_host: str = "127.0.0.1"  # Prometheus /metrics bind address
+    metrics_port: int = 8000  # Prometheus port; 0 picks a free one, -1 turns it off
+    models: tuple[str, ...] = ()  # serve only these entries (default: all)
+    grace_period_s: float = 10.0  # SIGTERM: in-flight requests get this long to finish
+    max_message_bytes: int = 16 * 1024 * 1024  # largest gRPC message in either direction
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be -1 (off) or 0..65535, got {self.metrics_port}")
+        if self.grace_period_s < 0:
+            raise ValueError("grace_period_s must be >= 0")
+        if self.max_message_bytes < 1024:
+            raise ValueError("max_message_bytes must be >= 1024")
+
+
+def load_server_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerConfig:
+    """The config file (or defaults) with the flags that were given applied on top.
+
+    Raises:
+        SchemaError: a bad file or field, named.
+    """
+    config = load_yaml(ServerConfig, path) if path else ServerConfig()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    known = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise SchemaError(f"unknown server option(s) {', '.join(unknown)}")
+    try:
+        return replace(config, **given)
+    except ValueError as err:
+        raise SchemaError(str(err)) from err

@@ -1,0 +1,247 @@
+"""The attnserve.v1 API: protobuf in, runtime calls, protobuf out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from serving.errors import InvalidArgument, ResourceExhausted
+from serving.generation.options import DecodingOptions
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.runtime import Generated, ServedModel, StreamDelta
+from serving.services.common import Servicer, deadline_of, streaming, unary
+
+FINISH = {
+    "stop": pb.FINISH_REASON_STOP,
+    "length": pb.FINISH_REASON_LENGTH,
+    "cancelled": pb.FINISH_REASON_CANCELLED,
+}
+DEFAULT_MODELS = {"translate": "translator", "caption": "captioner", "classify": "vit"}
+
+
+def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
+    """Plain options from the protobuf (unset optional fields keep their defaults)."""
+    return DecodingOptions(
+        max_new_tokens=message.max_new_tokens or None,
+        min_new_tokens=message.min_new_tokens,
+        beam_size=message.beam_size or 1,
+        length_penalty=message.length_penalty if message.HasField("length_penalty") else 1.0,
+        temperature=message.temperature if message.HasField("temperature") else 0.0,
+        top_k=message.top_k,
+        top_p=message.top_p if message.HasField("top_p") else 1.0,
+        seed=message.seed if message.HasField("seed") else None,
+        num_alternatives=message.num_alternatives,
+    )
+
+
+def _model_name(request: Any, task: str) -> str:
+    return request.model or DEFAULT_MODELS[task]
+
+
+def _check_version(model: ServedModel, requested: str) -> None:
+    if requested and requested != str(model.version):
+        raise InvalidArgument(
+            f"model {model.name!r} serves version {model.version}, not {requested!r}; "
+            "leave model_version empty for the served one"
+        )
+
+
+def _timing(result: Generated) -> pb.Timing:
+    return pb.Timing(
+        queue_time_ms=result.queue_seconds * 1000,
+        compute_time_ms=max(0.0, result.total_seconds - result.queue_seconds) * 1000,
+        total_time_ms=result.total_seconds * 1000,
+        time_to_first_token_ms=(result.first_token_seconds or 0.0) * 1000,
+    )
+
+
+def _alternatives(result: Generated) -> list[pb.Hypothesis]:
+    return [
+        pb.Hypothesis(text=text, token_ids=ids, score=score, finish_reason=pb.FINISH_REASON_STOP)
+        for text, ids, score in result.alternatives
+    ]
+
+
+class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
+    """Translate, caption, classify; list and describe models."""
+
+    def _model(self, name: str, version: str, task: str) -> ServedModel:
+        model = self.repository.get(name)
+        _check_version(model, version)
+        if model.config.task != task:
+            raise InvalidArgument(
+                f"model {name!r} does {model.config.task}, not {task}; pick another model"
+            )
+        return model
+
+    # --- translation ----------------------------------------------------------------------------
+    @unary("Translate", lambda r: _model_name(r, "translate"))
+    async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext):
+        model = self._model(_model_name(request, "translate"), request.model_version, "translation")
+        if not request.texts:
+            raise InvalidArgument("texts is empty; send at least one text to translate")
+        limit = model.config.limits.max_texts_per_request
+        if len(request.texts) > limit:
+            raise ResourceExhausted(
+                f"{len(request.texts)} texts in one request; the limit is {limit}: split it"
+            )
+        options = decoding_options(request.options)
+        timeout = deadline_of(context)
+        jobs = [
+            model.request(
+                options,
+                source_ids=model.source_ids(text, request.target_language),
+                timeout_s=timeout,
+            )
+            for text in request.texts
+        ]
+        tasks = [asyncio.ensure_future(model.generate(job)) for job in jobs]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:  # one failed or the call was cancelled: stop the others' work
+                task.cancel()
+            for job in jobs:
+                job.cancel()
+            raise
+        response = pb.TranslateResponse(model=model.name, model_version=str(model.version))
+        for result in results:
+            response.translations.append(
+                pb.Translation(
+                    text=result.text,
+                    token_ids=result.token_ids,
+                    finish_reason=FINISH[result.finish_reason],
+                    score=result.score or 0.0,
+                    alternatives=_alternatives(result),
+                )
+            )
+        response.usage.input_tokens = sum(r.input_tokens for r in results)
+        response.usage.output_tokens = sum(len(r.token_ids) for r in results)
+        response.timing.CopyFrom(_timing(max(results, key=lambda r: r.total_seconds)))
+        return response
+
+    @streaming("TranslateStream", lambda r: _model_name(r, "translate"))
+    async def TranslateStream(
+        self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TranslateStreamResponse]:
+        model = self._model(_model_name(request, "translate"), request.model_version, "translation")
+        options = decoding_options(request.options)
+        if options.beam_size > 1:
+            raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+        job = model.request(
+            options,
+            source_ids=model.source_ids(request.text, request.target_language),
+            timeout_s=deadline_of(context),
+        )
+        async for item in model.stream(job):
+            yield self._stream_message(pb.TranslateStreamResponse, model, item)
+
+    # --- captioning -----------------------------------------------------------------------------
+    @unary("Caption", lambda r: _model_name(r, "caption"))
+    async def Caption(self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext):
+        model = self._model(_model_name(request, "caption"), request.model_version, "captioning")
+        job = model.request(
+            decoding_options(request.options),
+            pixels=model.image_pixels(request.image),
+            timeout_s=deadline_of(context),
+        )
+        result = await model.generate(job)
+        return pb.CaptionResponse(
+            text=result.text,
+            token_ids=result.token_ids,
+            finish_reason=FINISH[result.finish_reason],
+            score=result.score or 0.0,
+            alternatives=_alternatives(result),
+            model=model.name,
+            model_version=str(model.version),
+            usage=pb.Usage(input_tokens=result.input_tokens, output_tokens=len(result.token_ids)),
+            timing=_timing(result),
+        )
+
+    @streaming("CaptionStream", lambda r: _model_name(r, "caption"))
+    async def CaptionStream(
+        self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CaptionStreamResponse]:
+        model = self._model(_model_name(request, "caption"), request.model_version, "captioning")
+        options = decoding_options(request.options)
+        if options.beam_size > 1:
+            raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+        job = model.request(
+            options, pixels=model.image_pixels(request.image), timeout_s=deadline_of(context)
+        )
+        async for item in model.stream(job):
+            yield self._stream_message(pb.CaptionStreamResponse, model, item)
+
+    @staticmethod
+    def _stream_message(cls: Any, model: ServedModel, item: StreamDelta | Generated) -> Any:
+        if isinstance(item, StreamDelta):
+            return cls(delta=item.delta, token_ids=item.token_ids, index=item.index)
+        return cls(
+            finish_reason=FINISH[item.finish_reason],
+            usage=pb.Usage(input_tokens=item.input_tokens, output_tokens=len(item.token_ids)),
+            timing=_timing(item),
+            model=model.name,
+            model_version=str(model.version),
+        )
+
+    # --- classification -------------------------------------------------------------------------
+    @unary("Classify", lambda r: _model_name(r, "classify"))
+    async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext):
+        model = self._model(
+            _model_name(request, "classify"), request.model_version, "classification"
+        )
+        pixels = model.image_pixels(request.image)
+        labels = await model.classify(pixels, request.top_k, timeout_s=deadline_of(context))
+        return pb.ClassifyResponse(
+            labels=[pb.LabelScore(label=s.label, index=s.index, score=s.score) for s in labels],
+            model=model.name,
+            model_version=str(model.version),
+        )
+
+    # --- metadata -------------------------------------------------------------------------------
+    @unary("ListModels", lambda r: "")
+    async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
+        return pb.ListModelsResponse(models=[model_info(m) for m in self.repository.models()])
+
+    @unary("GetModel", lambda r: r.name)
+    async def GetModel(self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext):
+        if not request.name:
+            raise InvalidArgument("name is empty; ListModels shows the served models")
+        model = self.repository.get(request.name)
+        _check_version(model, request.version)
+        return model_info(model)
+
+
+def model_info(model: ServedModel) -> pb.ModelInfo:
+    """ModelInfo of a served model: kind, limits, batching, languages or labels, tensors."""
+    c = model.config
+    info = pb.ModelInfo(
+        name=c.name,
+        versions=[str(model.version)],
+        kind=c.kind,
+        task=c.task,
+        backend=c.backend,
+        state=pb.MODEL_STATE_READY,
+        limits=pb.Limits(
+            max_batch_size=c.limits.max_batch_size,
+            max_source_length=c.limits.max_source_length,
+            max_new_tokens=c.limits.max_new_tokens,
+            max_image_bytes=c.limits.max_image_bytes,
+        ),
+        batching=pb.Batching(
+            max_batch_size=c.batching.max_batch_size,
+            max_queue_delay_us=c.batching.max_queue_delay_us,
+            max_queue_size=c.batching.max_queue_size,
+            timeout_ms=c.batching.timeout_ms,
+            in_flight=c.batching.in_flight and c.kind == "seq2seq",
+        ),
+        languages=list(c.languages),
+        labels=list(c.labels),
+    )
+    if hasattr(info, "version"):
+        info.version = str(model.version)
+    return info

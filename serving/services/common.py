@@ -1,0 +1,118 @@
+"""What every servicer method shares: draining, error -> status mapping, request metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from serving.errors import ServingError, Unavailable
+from serving.metrics import ServingMetrics
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL = "unknown"  # metrics label for names no model has (keeps label cardinality bounded)
+
+
+class ServerState:
+    """Shared by the servicers: whether the server still takes new work."""
+
+    def __init__(self) -> None:
+        self.draining = False
+
+    def check_serving(self) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down; retry on another replica")
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds the client allows this call, or None when it set no deadline."""
+    remaining = context.time_remaining()
+    return None if remaining is None else max(0.0, remaining)
+
+
+class Servicer:
+    """Base of the servicers: holds the repository, metrics and server state."""
+
+    def __init__(self, repository: Any, metrics: ServingMetrics, state: ServerState) -> None:
+        self.repository = repository
+        self.metrics = metrics
+        self.state = state
+
+    def model_label(self, name: str) -> str:
+        try:
+            return self.repository.get(name).name
+        except ServingError:
+            return UNKNOWN_MODEL
+
+    def record(self, model: str, method: str, code: str, started: float) -> None:
+        self.metrics.requests.labels(model=model, method=method, code=code).inc()
+        self.metrics.request_latency.labels(model=model, method=method).observe(
+            time.perf_counter() - started
+        )
+
+
+async def _abort(context: grpc.aio.ServicerContext, err: BaseException) -> str:
+    if isinstance(err, ServingError):
+        await context.abort(err.code, str(err))
+    log.exception("internal error", exc_info=err)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}")
+    return "INTERNAL"  # unreachable: abort raises
+
+
+def unary(method: str, model_of: Callable[[Any], str]) -> Callable:
+    """Wrap a unary servicer method: drain check, status mapping, metrics."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            code = "OK"
+            try:
+                self.state.check_serving()
+                return await fn(self, request, context)
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as err:
+                code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
+                await _abort(context, err)
+            finally:
+                self.record(self.model_label(model_of(request)), method, code, started)
+
+        return handler
+
+    return decorate
+
+
+def streaming(method: str, model_of: Callable[[Any], str]) -> Callable:
+    """Wrap a server-streaming servicer method (an async generator) the same way."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        async def handler(
+            self: Servicer, request: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            code = "OK"
+            try:
+                self.state.check_serving()
+                async for message in fn(self, request, context):
+                    yield message
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except Exception as err:
+                code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
+                await _abort(context, err)
+            finally:
+                self.record(self.model_label(model_of(request)), method, code, started)
+
+        return handler
+
+    return decorate

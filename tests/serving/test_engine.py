@@ -1,0 +1,284 @@
+"""The in-flight engine over real ONNX Runtime sessions of a tiny exported translator."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from serving.backends.base import BackendError
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.engine.cache import BatchKVCache
+from serving.engine.inflight import (
+    ErrorEvent,
+    FinishEvent,
+    GenerationRequest,
+    InFlightEngine,
+    TokenEvent,
+)
+from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
+from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted
+from serving.generation.options import DecodingOptions
+from serving.model_config import read_model_config, resolve_version
+from serving.seq2seq import Seq2SeqRunner
+
+# --- pure pieces --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Plain:
+    rows: int = 1
+    source_tokens: int = 5
+    deadline: float | None = None
+    cancelled: bool = False
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+
+def test_admission_respects_capacity_budget_and_order() -> None:
+    limits = AdmissionLimits(max_rows=4, max_queue=3, token_budget=20, max_joiners=8)
+    queue: AdmissionQueue[Plain] = AdmissionQueue(limits, clock=lambda: 0.0)
+    big, pair = Plain(rows=3), Plain(rows=2)
+    assert queue.offer(big) and queue.offer(pair) and queue.offer(Plain())
+    assert not queue.offer(Plain())  # full: the caller answers RESOURCE_EXHAUSTED
+    assert queue.admit(active_rows=2) == []  # the beam request does not fit; nobody jumps it
+    assert queue.admit(active_rows=0) == [big]  # 3 rows; 3 + 2 would exceed 4 rows
+    assert queue.admit(active_rows=3) == []
+    assert queue.admit(active_rows=2) == [pair]
+
+
+def test_admission_token_budget_and_dead_requests() -> None:
+    now = [0.0]
+    limits = AdmissionLimits(max_rows=64, max_queue=10, token_budget=14, max_joiners=8)
+    queue: AdmissionQueue[Plain] = AdmissionQueue(limits, clock=lambda: now[0])
+    late, gone, a, b = Plain(deadline=1.0), Plain(cancelled=True), Plain(), Plain()
+    for request in (late, gone, a, b):
+        queue.offer(request)
+    now[0] = 2.0
+    assert queue.drop_dead() == ([late], [gone])
+    assert queue.admit(active_rows=0) == [a, b]  # 6 + 6 tokens <= 14
+    queue.offer(Plain(source_tokens=30))
+    assert len(queue.admit(active_rows=0)) == 1  # an idle batch always admits one
+
+
+def test_cache_rows_join_leave_and_trim() -> None:
+    cache = BatchKVCache(num_layers=1, num_heads=2, head_dim=4, dtype=np.float32)
+    cross = [np.ones((2, 2, 3, 4), np.float32)] * 2
+    cache.add_rows(cross, np.array([[1, 1, 1], [1, 1, 0]]))
+    for _ in range(3):  # three steps for both rows
+        mask = cache.step_mask()
+        cache.append([np.zeros((2, 2, cache.length + 1, 4), np.float32)] * 2, mask)
+    cache.add_rows([np.ones((1, 2, 5, 4), np.float32)] * 2, np.ones((1, 5), np.int64))
+    assert cache.rows == 3 and cache.cross_mask.shape == (3, 5)
+    assert cache.self_mask.tolist()[2] == [0, 0, 0]  # the newcomer's past is all holes
+    mask = cache.step_mask()
+    cache.append([np.zeros((3, 2, cache.length + 1, 4), np.float32)] * 2, mask)
+    assert cache.tokens == 4 + 4 + 1
+    cache.keep_rows(np.array([2]))  # the two long rows leave: their columns are trimmed
+    assert cache.length == 1 and cache.tokens == 1 and cache.cross_mask.shape == (1, 5)
+    cache.keep_rows(np.zeros(0, dtype=np.int64))
+    assert cache.rows == 0 and cache.tokens == 0
+
+
+# --- the engine on real graphs ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner_and_config(tiny_repository: Path):
+    entry = tiny_repository / "translator"
+    config = read_model_config(entry)
+    backend = OnnxRuntimeBackend(
+        resolve_version(entry), {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
+    )
+    return Seq2SeqRunner(backend, config.decoder), config
+
+
+def make_engine(runner_and_config, **batching) -> InFlightEngine:
+    runner, config = runner_and_config
+    settings = dataclasses.replace(config.batching, **batching)
+    return InFlightEngine("translator", runner, config.decoder, 20, settings)
+
+
+def source(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(8, 150, size=3 + seed % 5).astype(np.int64)
+
+
+async def collect(engine: InFlightEngine, request: GenerationRequest, delay: float = 0.0):
+    await asyncio.sleep(delay)
+    events = [event async for event in engine.generate(request)]
+    return events
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+OPTION_MIX = [
+    DecodingOptions(max_new_tokens=12),
+    DecodingOptions(max_new_tokens=9, beam_size=3, num_alternatives=1),
+    DecodingOptions(max_new_tokens=15, temperature=0.8, top_k=20, seed=11),
+    DecodingOptions(max_new_tokens=7, min_new_tokens=7),
+]
+
+
+def test_output_is_the_same_alone_and_in_flight(runner_and_config) -> None:
+    requests = [(source(i), OPTION_MIX[i % len(OPTION_MIX)]) for i in range(12)]
+
+    async def alone():
+        engine = make_engine(runner_and_config)
+        engine.start()
+        try:
+            out = []
+            for ids, options in requests:
+                events = await collect(engine, GenerationRequest(options=options, source_ids=ids))
+                out.append(events[-1])
+            return out, engine.steps
+        finally:
+            engine.stop()
+
+    async def together():
+        engine = make_engine(runner_and_config)
+        engine.start()
+        try:
+            jobs = [
+                collect(engine, GenerationRequest(options=o, source_ids=ids), delay=0.003 * i)
+                for i, (ids, o) in enumerate(requests)
+            ]  # staggered: they join mid-decode
+            return [events[-1] for events in await asyncio.gather(*jobs)], engine.steps
+        finally:
+            engine.stop()
+
+    solo, solo_steps = run(alone())
+    mixed, mixed_steps = run(together())
+    assert all(isinstance(e, FinishEvent) for e in solo + mixed)
+    assert [e.tokens for e in mixed] == [e.tokens for e in solo]
+    assert [e.reason for e in mixed] == [e.reason for e in solo]
+    assert mixed_steps < solo_steps  # sequences really shared decoder steps
+
+
+def test_streamed_tokens_match_the_final_answer(runner_and_config) -> None:
+    async def go():
+        engine = make_engine(runner_and_config)
+        engine.start()
+        try:
+            return await collect(
+                engine,
+                GenerationRequest(
+                    options=DecodingOptions(max_new_tokens=10, min_new_tokens=10),
+                    source_ids=source(3),
+                ),
+            )
+        finally:
+            engine.stop()
+
+    events = run(go())
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert [e.index for e in tokens] == list(range(10))
+    assert [e.token_id for e in tokens] == events[-1].tokens and events[-1].reason == "length"
+
+
+def test_cancel_frees_rows_and_expired_requests_fail(runner_and_config) -> None:
+    async def go():
+        engine = make_engine(runner_and_config)
+        engine.start()
+        try:
+            long = GenerationRequest(
+                options=DecodingOptions(max_new_tokens=20, min_new_tokens=20), source_ids=source(1)
+            )
+            stream = engine.generate(long)
+            await stream.__anext__()
+            await stream.aclose()  # the caller goes away
+            for _ in range(200):
+                if engine.active_rows == 0:
+                    break
+                await asyncio.sleep(0.005)
+            assert engine.active_rows == 0 and engine.cache.tokens == 0
+            import time
+
+            expired = GenerationRequest(
+                options=DecodingOptions(max_new_tokens=20),
+                source_ids=source(2),
+                deadline=time.monotonic() - 1,
+            )
+            return await collect(engine, expired)
+        finally:
+            engine.stop()
+
+    events = run(go())
+    assert isinstance(events[-1], ErrorEvent) and isinstance(events[-1].error, DeadlineExceeded)
+
+
+def test_full_queue_is_refused_at_once(runner_and_config) -> None:
+    async def go():
+        engine = make_engine(runner_and_config, max_queue_size=1)  # not started: nothing drains
+        first = engine.generate(GenerationRequest(options=DecodingOptions(), source_ids=source(0)))
+        task = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0.01)
+        with pytest.raises(ResourceExhausted, match="max_queue_size"):
+            await engine.generate(
+                GenerationRequest(options=DecodingOptions(), source_ids=source(1))
+            ).__anext__()
+        task.cancel()
+
+    run(go())
+
+
+def test_a_backend_fault_fails_only_its_batch(runner_and_config) -> None:
+    runner, config = runner_and_config
+
+    class Flaky:
+        """Fails the first decoder call, then behaves."""
+
+        def __init__(self, inner) -> None:
+            self.inner, self.failed = inner, False
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def run(self, graph, feeds):
+            if graph == "decoder" and not self.failed:
+                self.failed = True
+                raise BackendError("decoder graph failed: injected fault")
+            return self.inner.run(graph, feeds)
+
+    flaky = Seq2SeqRunner(Flaky(runner.backend), config.decoder)
+
+    async def go():
+        engine = InFlightEngine("translator", flaky, config.decoder, 20, config.batching)
+        engine.start()
+        try:
+            first = await collect(
+                engine,
+                GenerationRequest(options=DecodingOptions(max_new_tokens=5), source_ids=source(4)),
+            )
+            second = await collect(
+                engine,
+                GenerationRequest(options=DecodingOptions(max_new_tokens=5), source_ids=source(4)),
+            )
+            return first, second, engine.active_rows
+        finally:
+            engine.stop()
+
+    first, second, rows = run(go())
+    assert isinstance(first[-1], ErrorEvent) and isinstance(first[-1].error, Internal)
+    assert "injected fault" in str(first[-1].error)
+    assert isinstance(second[-1], FinishEvent) and rows == 0
+
+
+def test_cancelled_while_waiting(runner_and_config) -> None:
+    async def go():
+        engine = make_engine(runner_and_config)
+        request = GenerationRequest(options=DecodingOptions(), source_ids=source(5))
+        request.cancel()
+        engine.start()
+        try:
+            return await collect(engine, request)
+        finally:
+            engine.stop()
+
+    events = run(go())
+    assert isinstance(events[-1], ErrorEvent) and isinstance(events[-1].error, Cancelled)
