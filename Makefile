@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup lint fmt clean
+.PHONY: run eval test setup lint fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Main job: evaluates the shipped checkpoints (the serving issue turns this into `attnserve serve`).
+# Main job: serve the shipped models on ONNX Runtime (CPU). The first run exports them into
+# model_repository/ (about a minute); Ctrl-C / SIGTERM drains and stops the server.
 run: $(STAMP)
+	$(BIN)/attnserve serve
+
+# Held-out metrics of the shipped checkpoints (PyTorch).
+eval: $(STAMP)
 	$(BIN)/attnserve eval translator
 	$(BIN)/attnserve eval vit
 	$(BIN)/attnserve eval captioner

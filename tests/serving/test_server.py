@@ -298,3 +298,51 @@ def test_drain_finishes_in_flight_and_refuses_new(tiny_repository: Path) -> None
         with pytest.raises(grpc.RpcError) as error:
             stub.Translate(pb.TranslateRequest(texts=["six"], target_language="de"), timeout=5)
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+# --- the command line ---------------------------------------------------------------------------
+def test_cli_translate_and_classify(shipped: ServerThread, tmp_path: Path, capsys) -> None:
+    from attnserve_cli import main
+
+    assert main(["translate", "three hundred and twelve", "--to", "es",
+                 "--server", shipped.address]) == 0
+    assert capsys.readouterr().out.strip() == EXPECTED["es"]
+    assert main(["translate", "forty-two", "--to", "de", "--stream",
+                 "--server", shipped.address]) == 0
+    assert capsys.readouterr().out.strip() == "zweiundvierzig"
+    image = tmp_path / "digit.png"
+    images, labels = digits.load_digits_split("test")
+    image.write_bytes(encode_png(images[0]))
+    assert main(["classify", str(image), "--top-k", "2", "--server", shipped.address]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].split("\t")[0] == str(labels[0])
+    assert main(["translate", "five", "--to", "xx", "--server", shipped.address]) == 2
+    assert "INVALID_ARGUMENT" in capsys.readouterr().err
+
+
+def test_serve_process_drains_on_sigterm(tiny_repository: Path) -> None:
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnserve_cli", "serve", "--repository", str(tiny_repository),
+         "--port", "0", "--metrics-port", "-1", "--grace-period", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        line = ""
+        while "serving" not in line:
+            line = process.stdout.readline()
+            assert line, "the server exited before serving"
+        port = int(re.search(r":(\d+)\s*$", line.strip()).group(1))
+        with AttnServeClient(f"127.0.0.1:{port}") as client:
+            assert client.health() == "SERVING"
+            assert client.translate(["five"], to="de", max_new_tokens=3)[0].token_ids
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert "draining" in process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
