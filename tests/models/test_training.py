@@ -25,12 +25,21 @@ def test_translator_loss_falls(tmp_path: Path) -> None:
 
 
 def test_vit_loss_falls(tmp_path: Path) -> None:
-    settings = vit.quick_settings(steps=60, batch_size=32, warmup_steps=10, log_every=10)
+    settings = vit.quick_settings(
+        steps=60,
+        batch_size=32,
+        warmup_steps=10,
+        log_every=10,
+        learning_rate=3e-3,
+        label_smoothing=0.0,
+    )
     metrics = vit.train(
         tmp_path, settings=settings, preset_name="tiny", image_size=32, patch_size=8
     )
-    assert _falls(metrics)
+    curve = metrics["training"]["loss_curve"]
+    assert curve[-1][1] < 0.95 * curve[0][1]  # a ViT warms up slowly: 60 steps move it ~10%
     assert metrics["held_out"]["examples"] == 360
+    assert metrics["held_out"]["accuracy"] > 0.2  # chance is 0.1
 
 
 def test_captioner_loss_falls(tmp_path: Path) -> None:

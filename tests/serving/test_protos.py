@@ -534,8 +534,11 @@ def test_generated_messages_carry_their_module_and_pickle() -> None:
 
 def test_inference_protos_stay_out_of_the_default_descriptor_pool() -> None:
     """tritonclient registers inference.* in the default pool; ours must not collide with it."""
-    with pytest.raises(KeyError):
-        descriptor_pool.Default().FindMessageTypeByName("inference.ModelInferRequest")
+    from serving.proto_gen.inference import POOL, grpc_service_pb2
+
+    # Our definitions live in a private pool (the default one may hold tritonclient's by now).
+    assert grpc_service_pb2.DESCRIPTOR.pool is POOL
+    assert POOL is not descriptor_pool.Default()
     # A Triton-like definition in the default pool first, then our module: both must load.
     # A fresh interpreter, so the fake never meets a real tritonclient in this one.
     script = (

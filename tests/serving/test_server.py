@@ -304,11 +304,14 @@ def test_drain_finishes_in_flight_and_refuses_new(tiny_repository: Path) -> None
 def test_cli_translate_and_classify(shipped: ServerThread, tmp_path: Path, capsys) -> None:
     from attnserve_cli import main
 
-    assert main(["translate", "three hundred and twelve", "--to", "es",
-                 "--server", shipped.address]) == 0
+    assert (
+        main(["translate", "three hundred and twelve", "--to", "es", "--server", shipped.address])
+        == 0
+    )
     assert capsys.readouterr().out.strip() == EXPECTED["es"]
-    assert main(["translate", "forty-two", "--to", "de", "--stream",
-                 "--server", shipped.address]) == 0
+    assert (
+        main(["translate", "forty-two", "--to", "de", "--stream", "--server", shipped.address]) == 0
+    )
     assert capsys.readouterr().out.strip() == "zweiundvierzig"
     image = tmp_path / "digit.png"
     images, labels = digits.load_digits_split("test")
@@ -327,9 +330,23 @@ def test_serve_process_drains_on_sigterm(tiny_repository: Path) -> None:
     import sys
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "attnserve_cli", "serve", "--repository", str(tiny_repository),
-         "--port", "0", "--metrics-port", "-1", "--grace-period", "5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "attnserve_cli",
+            "serve",
+            "--repository",
+            str(tiny_repository),
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--grace-period",
+            "5",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         line = ""
