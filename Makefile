@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run eval test setup lint fmt clean
+.PHONY: run eval test setup system-deps lint fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,9 +25,22 @@ eval: $(STAMP)
 	$(BIN)/attnserve eval vit
 	$(BIN)/attnserve eval captioner
 
-test: $(STAMP)
+test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra
+
+# Debian tools some tests drive for real: docker-compose (validates docker-compose.yml) and
+# prometheus / promtool (checks the alert rules). Best effort: without root or apt-get those
+# tests skip and say why.
+SYSTEM_TOOLS := docker-compose promtool
+system-deps:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian packages for:$$missing"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose prometheus >/dev/null) \
+			|| echo "could not install docker-compose / prometheus: their tests will skip"; \
+	else echo "no root / apt-get: tests needing$$missing will skip"; fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,12 +6,13 @@ encoder states and every decoder layer's cross keys/values; ``decode_step`` is i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
-from models.layers import KVCache, TransformerDecoder
+from models.config import pick_preset
+from models.layers import EncoderDecoderModel, KVCache, TransformerDecoder
 from models.vit import VisionEncoder
 
 
@@ -89,17 +90,11 @@ PRESETS: dict[str, CaptionerConfig] = {
 
 
 def preset(name: str, **overrides: Any) -> CaptionerConfig:
-    """A named preset, optionally with some fields replaced.
-
-    Raises:
-        ValueError: for an unknown preset name, listing the known ones.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown captioner preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
+    """A named preset, optionally with some fields replaced (ValueError names the known ones)."""
+    return pick_preset(PRESETS, "captioner", name, **overrides)
 
 
-class Captioner(nn.Module):
+class Captioner(EncoderDecoderModel):
     """ViT encoder over image patches, Transformer decoder with learned positions."""
 
     def __init__(self, config: CaptionerConfig) -> None:
@@ -138,18 +133,6 @@ class Captioner(nn.Module):
         """Encoder graph: (B, C, H, W) pixels -> states (B, 1 + N, D) and per-layer cross K/V."""
         memory = self.encoder(pixel_values)
         return memory, self.decoder.cross_kv(memory)
-
-    def decode_step(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        past: list[KVCache],
-        self_key_mask: Tensor,
-        cross: list[KVCache],
-        cross_key_mask: Tensor,
-    ) -> tuple[Tensor, list[KVCache]]:
-        """Decoder graph: see ``TransformerDecoder.forward``."""
-        return self.decoder(input_ids, position_ids, past, self_key_mask, cross, cross_key_mask)
 
     def forward(self, pixel_values: Tensor, tgt_ids: Tensor, tgt_mask: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for training."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,6 +15,17 @@ CONFIG_FILE = "config.json"
 
 class ConfigError(ValueError):
     """A model config that cannot be used; the message says which field and what to do."""
+
+
+def pick_preset(presets: Mapping[str, C], kind: str, name: str, **overrides: Any) -> C:
+    """A named preset of ``presets``, optionally with some fields replaced.
+
+    Raises:
+        ValueError: for an unknown preset name, listing the known ones.
+    """
+    if name not in presets:
+        raise ValueError(f"unknown {kind} preset {name!r}; known: {', '.join(presets)}")
+    return dataclasses.replace(presets[name], **overrides)  # type: ignore[type-var]
 
 
 def config_to_dict(config: Any, kind: str) -> dict[str, Any]:

@@ -395,3 +395,24 @@ class EncoderStack(nn.Module):
         for layer in self.layers:
             x = layer(x, mask)
         return self.final_norm(x)
+
+
+class EncoderDecoderModel(nn.Module):
+    """Base of the translator and the captioner: ``decode_step`` is the decoder graph.
+
+    Subclasses set ``self.decoder`` (a ``TransformerDecoder``) and define ``encode``.
+    """
+
+    decoder: TransformerDecoder
+
+    def decode_step(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        past: list[KVCache],
+        self_key_mask: Tensor,
+        cross: list[KVCache],
+        cross_key_mask: Tensor,
+    ) -> tuple[Tensor, list[KVCache]]:
+        """Decoder graph: see ``TransformerDecoder.forward``."""
+        return self.decoder(input_ids, position_ids, past, self_key_mask, cross, cross_key_mask)

@@ -7,12 +7,19 @@ The three functions that map one-to-one onto the exported graphs are methods:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor, nn
 
-from models.layers import EncoderStack, KVCache, SinusoidalPositions, TransformerDecoder
+from models.config import pick_preset
+from models.layers import (
+    EncoderDecoderModel,
+    EncoderStack,
+    KVCache,
+    SinusoidalPositions,
+    TransformerDecoder,
+)
 
 
 @dataclass(frozen=True)
@@ -81,17 +88,11 @@ PRESETS: dict[str, TranslatorConfig] = {
 
 
 def preset(name: str, **overrides: Any) -> TranslatorConfig:
-    """A named preset, optionally with some fields replaced.
-
-    Raises:
-        ValueError: for an unknown preset name, listing the known ones.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown translator preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
+    """A named preset, optionally with some fields replaced (ValueError names the known ones)."""
+    return pick_preset(PRESETS, "translator", name, **overrides)
 
 
-class Translator(nn.Module):
+class Translator(EncoderDecoderModel):
     """Encoder-decoder Transformer; source and target share one embedding matrix and the LM head."""
 
     def __init__(self, config: TranslatorConfig) -> None:
@@ -136,18 +137,6 @@ class Translator(nn.Module):
         x = self.embed_tokens(input_ids) * self.embed_scale + self.encoder_positions(positions)
         memory = self.encoder(self.dropout(x), attention_mask)
         return memory, self.decoder.cross_kv(memory)
-
-    def decode_step(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        past: list[KVCache],
-        self_key_mask: Tensor,
-        cross: list[KVCache],
-        cross_key_mask: Tensor,
-    ) -> tuple[Tensor, list[KVCache]]:
-        """Decoder graph: see ``TransformerDecoder.forward``."""
-        return self.decoder(input_ids, position_ids, past, self_key_mask, cross, cross_key_mask)
 
     def forward(
         self, src_ids: Tensor, src_mask: Tensor, tgt_ids: Tensor, tgt_mask: Tensor

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from models.config import pick_preset
 from models.layers import EncoderStack, LearnedPositions
 
 
@@ -78,14 +79,8 @@ PRESETS: dict[str, ViTConfig] = {
 
 
 def preset(name: str, **overrides: Any) -> ViTConfig:
-    """A named preset, optionally with some fields replaced.
-
-    Raises:
-        ValueError: for an unknown preset name, listing the known ones.
-    """
-    if name not in PRESETS:
-        raise ValueError(f"unknown vit preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(PRESETS[name], **overrides)
+    """A named preset, optionally with some fields replaced (ValueError names the known ones)."""
+    return pick_preset(PRESETS, "vit", name, **overrides)
 
 
 class PatchEmbedding(nn.Module):
