@@ -6,6 +6,7 @@ import copy
 import logging
 from pathlib import Path
 
+import onnx
 from torch import nn
 
 from export.errors import ExportError
@@ -43,9 +44,15 @@ def quantize_int8(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.getLogger("root").setLevel(logging.ERROR)
+    # The exporter's value_info shapes trip the quantiser's own shape inference ("Inferred shape
+    # and existing shape differ"); it re-infers them anyway.
+    model = onnx.load(str(source))
+    del model.graph.value_info[:]
+    clean = target.with_suffix(".unquantized.onnx")
+    onnx.save(model, str(clean))
     try:
         quantize_dynamic(
-            str(source),
+            str(clean),
             str(target),
             op_types_to_quantize=["MatMul"],
             weight_type=QuantType.QInt8,
@@ -53,3 +60,5 @@ def quantize_int8(source: Path, target: Path) -> None:
         )
     except Exception as err:  # the quantiser raises assorted types
         raise ExportError(f"int8 quantisation of {source.name} failed: {err}") from err
+    finally:
+        clean.unlink(missing_ok=True)

@@ -107,6 +107,22 @@ class LearnedPositions(nn.Module):
         return F.embedding(position_ids, self.weight)  # (B, T, D)
 
 
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in fp32 whatever the input dtype (same parameters as nn.LayerNorm).
+
+    In a half model the normalisation statistics are where fp16 loses the most; mixed-precision
+    inference keeps them in fp32 (for fp32 models this is exactly nn.LayerNorm).
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            return super().forward(x)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        out = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
+        return out.to(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate Q/K/V projections (the Marian / ViT parameter layout)."""
 
@@ -180,9 +196,9 @@ class EncoderBlock(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(dim, num_heads, dropout)
-        self.self_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.self_attn_norm = LayerNorm(dim, eps=layer_norm_eps)
         self.ffn = FeedForward(dim, ffn_dim, activation, dropout)
-        self.ffn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.ffn_norm = LayerNorm(dim, eps=layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -214,11 +230,11 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.norm_first = norm_first
         self.self_attn = MultiHeadAttention(dim, num_heads, dropout)
-        self.self_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.self_attn_norm = LayerNorm(dim, eps=layer_norm_eps)
         self.cross_attn = MultiHeadAttention(dim, num_heads, dropout)
-        self.cross_attn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.cross_attn_norm = LayerNorm(dim, eps=layer_norm_eps)
         self.ffn = FeedForward(dim, ffn_dim, activation, dropout)
-        self.ffn_norm = nn.LayerNorm(dim, eps=layer_norm_eps)
+        self.ffn_norm = LayerNorm(dim, eps=layer_norm_eps)
         self.dropout = nn.Dropout(dropout)
 
     def cross_kv(self, memory: Tensor) -> KVCache:
@@ -307,7 +323,7 @@ class TransformerDecoder(nn.Module):
             for _ in range(num_layers)
         )
         # Pre-norm stacks end with a norm; post-norm stacks (Marian) are already normalised.
-        self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
+        self.final_norm = LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
         self.dropout = nn.Dropout(dropout)
         # Marian keeps a (1, vocab) bias on the logits; zero and frozen for our own models.
         self.register_buffer("final_logits_bias", torch.zeros(1, vocab_size))
@@ -355,7 +371,9 @@ class TransformerDecoder(nn.Module):
             x, present = layer(x, layer_past, self_mask, layer_cross, cross_mask)
             presents.append(present)
         x = self.final_norm(x)
-        logits = F.linear(x, self.embed_tokens.weight) + self.final_logits_bias  # (B, T, V)
+        # Logits in fp32 even in a half model: fp16 cannot resolve logits above 16 to 1e-2.
+        weight = self.embed_tokens.weight.float()
+        logits = F.linear(x.float(), weight) + self.final_logits_bias.float()  # (B, T, V)
         return logits, presents
 
 
@@ -387,7 +405,7 @@ class EncoderStack(nn.Module):
             )
             for _ in range(num_layers)
         )
-        self.final_norm = nn.LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
+        self.final_norm = LayerNorm(dim, eps=layer_norm_eps) if norm_first else nn.Identity()
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """x (B, S, dim); key_mask (B, S) nonzero where real, or None when all positions are."""
