@@ -31,6 +31,7 @@ from export.repository import (
 )
 from export.sources import LoadedSource, load_source
 from export.spec import GraphSpec, graph_specs
+from export.triton import write_triton_config
 from models.data import digits, shapes
 from models.data.images import pixel_values
 from models.data.translation import generate_pairs
@@ -94,6 +95,8 @@ def export(
     manifest["export_seconds"] = round(time.perf_counter() - started, 1)
     config = model_config_for(loaded, name, options.precision)
     manifest["files"] += write_entry_files(loaded, repository / name, version_dir, config)
+    if config.kind == "classifier":
+        manifest["triton_config"] = write_triton_config(config, repository / name, version_dir)
     write_manifest(version_dir, manifest)
     return ExportResult(repository / name, version_dir, manifest)
 

@@ -158,3 +158,20 @@ def test_unwritable_output_is_reported(tmp_path: Path) -> None:
 def test_cli_export_errors_exit_2(tmp_path: Path, capsys) -> None:
     assert main(["export", "nonexistent-model", "--out", str(tmp_path)]) == 2
     assert "not a model kind" in capsys.readouterr().err
+
+
+def test_vit_entry_is_a_triton_model(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+
+    from serving.proto_gen.inference import grpc_service_pb2
+
+    model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8)).eval()
+    export(LoadedSource("vit", model, None, "tiny", "0"), tmp_path, FAST)
+    text = (tmp_path / "vit" / "config.pbtxt").read_text()
+    config = text_format.Parse(text, grpc_service_pb2.ModelConfig())  # Triton's own schema
+    assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 32
+    assert list(config.input[0].dims) == [3, 32, 32] and config.input[0].name == "pixel_values"
+    assert list(config.output[0].dims) == [10] and config.output[0].name == "logits"
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert (tmp_path / "vit" / "1" / "model.onnx").is_file()  # Triton's NAME/VERSION layout
+    assert len((tmp_path / "vit" / "labels.txt").read_text().split()) == 10
