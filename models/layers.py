@@ -151,6 +151,9 @@ class MultiHeadAttention(nn.Module):
         batch, length, dim = x.shape
         query = self.split_heads(self.q_proj(x))  # (B, H, T, D)
         dropout = self.dropout if self.training else 0.0
+        # Cached keys/values may be stored in a lower precision than the computation (fp16
+        # exports); a no-op when the dtypes agree.
+        key, value = key.to(query.dtype), value.to(query.dtype)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout)
         out = out.transpose(1, 2).reshape(batch, length, dim)  # (B, T, H*D)
         return self.out_proj(out)
@@ -160,8 +163,8 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention over past + new tokens; returns (output, present_key, present_value)."""
         new_key, new_value = self.project_kv(x)
-        key = torch.cat([past_key, new_key], dim=2)  # (B, H, P + T, D)
-        value = torch.cat([past_value, new_value], dim=2)
+        key = torch.cat([past_key, new_key.to(past_key.dtype)], dim=2)  # (B, H, P + T, D)
+        value = torch.cat([past_value, new_value.to(past_value.dtype)], dim=2)
         return self.attend(x, key, value, mask), key, value
 
 
@@ -327,10 +330,18 @@ class TransformerDecoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         # Marian keeps a (1, vocab) bias on the logits; zero and frozen for our own models.
         self.register_buffer("final_logits_bias", torch.zeros(1, vocab_size))
+        self.kv_dtype: torch.dtype | None = None  # storage dtype of the KV cache (None: compute)
 
     def cross_kv(self, memory: Tensor) -> list[KVCache]:
-        """Every layer's cross-attention keys/values for encoder output ``memory`` (B, S, dim)."""
-        return [layer.cross_kv(memory) for layer in self.layers]
+        """Every layer's cross-attention keys/values for encoder output ``memory`` (B, S, dim).
+
+        They come out in ``kv_dtype`` when set (fp16 exports keep the cache in half precision
+        while computing in fp32).
+        """
+        pairs = [layer.cross_kv(memory) for layer in self.layers]
+        if self.kv_dtype is None:
+            return pairs
+        return [(k.to(self.kv_dtype), v.to(self.kv_dtype)) for k, v in pairs]
 
     def empty_past(self, batch: int, memory: Tensor) -> list[KVCache]:
         """A zero-length self-attention cache matching ``memory``'s dtype and device."""

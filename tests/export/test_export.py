@@ -175,3 +175,19 @@ def test_vit_entry_is_a_triton_model(tmp_path: Path) -> None:
     assert config.dynamic_batching.max_queue_delay_microseconds == 2000
     assert (tmp_path / "vit" / "1" / "model.onnx").is_file()  # Triton's NAME/VERSION layout
     assert len((tmp_path / "vit" / "labels.txt").read_text().split()) == 10
+
+
+def test_fp16_seq2seq_keeps_a_half_cache_and_fp32_logits(tmp_path: Path) -> None:
+    result = export(
+        _tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, precision="fp16")
+    )
+    decoder = onnx.load(str(result.version_dir / "decoder.onnx"))
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in [*decoder.graph.input, *decoder.graph.output]
+    }
+    assert types["past_key.0"] == types["present_key.0"] == onnx.TensorProto.FLOAT16
+    assert types["cross_value.1"] == onnx.TensorProto.FLOAT16
+    assert types["logits"] == onnx.TensorProto.FLOAT  # fp16 cannot resolve large logits
+    parity = result.manifest["parity"]
+    assert max(parity["real_max_abs_diff"].values()) <= 1e-2
+    assert parity["greedy_agreement"] >= 0.98
