@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -65,25 +66,34 @@ async def _abort(context: grpc.aio.ServicerContext, err: BaseException) -> str:
     return "INTERNAL"  # unreachable: abort raises
 
 
+@contextlib.asynccontextmanager
+async def served_call(
+    servicer: Servicer, method: str, model: str, context: grpc.aio.ServicerContext
+) -> AsyncIterator[None]:
+    """One RPC's envelope: refuse while draining, map errors to statuses, record metrics."""
+    started = time.perf_counter()
+    code = "OK"
+    try:
+        servicer.state.check_serving()
+        yield
+    except asyncio.CancelledError:
+        code = "CANCELLED"
+        raise
+    except Exception as err:
+        code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
+        await _abort(context, err)
+    finally:
+        servicer.record(servicer.model_label(model), method, code, started)
+
+
 def unary(method: str, model_of: Callable[[Any], str]) -> Callable:
-    """Wrap a unary servicer method: drain check, status mapping, metrics."""
+    """Wrap a unary servicer method in ``served_call``."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            started = time.perf_counter()
-            code = "OK"
-            try:
-                self.state.check_serving()
+            async with served_call(self, method, model_of(request), context):
                 return await fn(self, request, context)
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception as err:
-                code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
-                await _abort(context, err)
-            finally:
-                self.record(self.model_label(model_of(request)), method, code, started)
 
         return handler
 
@@ -91,27 +101,16 @@ def unary(method: str, model_of: Callable[[Any], str]) -> Callable:
 
 
 def streaming(method: str, model_of: Callable[[Any], str]) -> Callable:
-    """Wrap a server-streaming servicer method (an async generator) the same way."""
+    """Wrap a server-streaming servicer method (an async generator) in ``served_call``."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         async def handler(
             self: Servicer, request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            started = time.perf_counter()
-            code = "OK"
-            try:
-                self.state.check_serving()
+            async with served_call(self, method, model_of(request), context):
                 async for message in fn(self, request, context):
                     yield message
-            except asyncio.CancelledError:
-                code = "CANCELLED"
-                raise
-            except Exception as err:
-                code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
-                await _abort(context, err)
-            finally:
-                self.record(self.model_label(model_of(request)), method, code, started)
 
         return handler
 
