@@ -8,7 +8,7 @@ import importlib
 import sys
 
 # Packages that contribute subcommands (module with an `add_parsers(subparsers)` function).
-COMMAND_MODULES = ("models.cli", "export.cli", "serving.cli")
+COMMAND_MODULES = ("models.cli", "export.cli", "serving.cli", "benchmarks.cli")
 # Errors that mean "bad input": print the message, exit 2, no traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, PermissionError)
 # Our own packages: their RuntimeErrors (export / backend failures) carry a message for the user.

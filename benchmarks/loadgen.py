@@ -1,0 +1,325 @@
+"""A gRPC load generator for the attnserve API (grpc.aio, one event loop, one channel).
+
+Two ways to apply load:
+
+- closed loop: ``concurrency`` clients, each sending its next request as soon as the previous one
+  answered, for ``duration`` seconds (then the requests in flight finish and count);
+- open loop: requests arrive as a Poisson process at ``rate`` per second for ``duration`` seconds,
+  whether or not earlier ones have answered; latency counts from the scheduled arrival, so a
+  client that falls behind does not hide queueing (no coordinated omission).
+
+Every request yields a ``Record``: latency, time to first token (streams: the first message with
+tokens, as the client sees it; unary: the server's ``timing.time_to_first_token_ms``), time per
+output token, tokens, the gRPC status and the server's own timing. ``summarise`` turns records
+into a load point: throughput, errors and p50 / p90 / p99 latency, TTFT and TPOT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import resource
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+
+METHODS = ("translate", "translate_stream", "classify")
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+@dataclass
+class Record:
+    """One request as the client saw it (times in seconds, perf_counter clock)."""
+
+    start: float  # closed loop: sent; open loop: scheduled arrival
+    end: float
+    code: str  # gRPC status name, "OK" on success
+    tokens: int = 0  # generated tokens (0 for classification)
+    ttft: float | None = None
+    server_total_ms: float | None = None
+    server_queue_ms: float | None = None
+    server_ttft_ms: float | None = None
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (None with fewer than 2 tokens)."""
+        if self.ttft is None or self.tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.tokens - 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each request of a load point sends."""
+
+    method: str  # translate | translate_stream | classify
+    model: str
+    text: str = ""
+    language: str = ""
+    image: bytes = b""
+    new_tokens: int = 0  # min = max new tokens (EOS suppressed until then); 0 = model default
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+
+
+def _options(new_tokens: int) -> pb.DecodingOptions:
+    if not new_tokens:
+        return pb.DecodingOptions()
+    return pb.DecodingOptions(max_new_tokens=new_tokens, min_new_tokens=new_tokens, beam_size=1)
+
+
+class Client:
+    """Issues requests of one workload on one grpc.aio channel; ``call`` returns a Record."""
+
+    def __init__(self, address: str, workload: Workload) -> None:
+        self.workload = workload
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.AttnServeStub(self.channel)
+        w = workload
+        if w.method == "translate":
+            self.request: Any = pb.TranslateRequest(
+                texts=[w.text],
+                target_language=w.language,
+                model=w.model,
+                options=_options(w.new_tokens),
+            )
+        elif w.method == "translate_stream":
+            self.request = pb.TranslateStreamRequest(
+                text=w.text,
+                target_language=w.language,
+                model=w.model,
+                options=_options(w.new_tokens),
+            )
+        else:
+            self.request = pb.ClassifyRequest(image=w.image, top_k=1, model=w.model)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        await asyncio.wait_for(self.channel.channel_ready(), timeout)
+
+    async def call(self, start: float | None = None) -> Record:
+        """Send one request; ``start`` is the scheduled time (open loop), else now."""
+        start = time.perf_counter() if start is None else start
+        method = self.workload.method
+        timeout = self.workload.timeout_s
+        try:
+            if method == "translate_stream":
+                return await self._stream(start, timeout)
+            if method == "translate":
+                response = await self.stub.Translate(self.request, timeout=timeout)
+                end = time.perf_counter()
+                timing = response.timing
+                tokens = response.usage.output_tokens
+                server_ttft = timing.time_to_first_token_ms or None
+                ttft = None
+                if server_ttft is not None:  # client-side estimate: the server's TTFT share
+                    ttft = server_ttft / 1000.0
+                return Record(
+                    start,
+                    end,
+                    "OK",
+                    tokens,
+                    ttft,
+                    timing.total_time_ms,
+                    timing.queue_time_ms,
+                    server_ttft,
+                )
+            await self.stub.Classify(self.request, timeout=timeout)
+            return Record(start, time.perf_counter(), "OK")
+        except grpc.aio.AioRpcError as err:
+            return Record(start, time.perf_counter(), err.code().name)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a client-side failure counts as an error of this request
+            return Record(start, time.perf_counter(), f"CLIENT_{type(err).__name__}")
+
+    async def _stream(self, start: float, timeout: float) -> Record:
+        first: float | None = None
+        tokens = 0
+        total_ms = queue_ms = server_ttft = None
+        async for message in self.stub.TranslateStream(self.request, timeout=timeout):
+            if message.token_ids:
+                if first is None:
+                    first = time.perf_counter()
+                tokens += len(message.token_ids)
+            if message.finish_reason:
+                total_ms = message.timing.total_time_ms
+                queue_ms = message.timing.queue_time_ms
+                server_ttft = message.timing.time_to_first_token_ms
+        end = time.perf_counter()
+        return Record(
+            start,
+            end,
+            "OK",
+            tokens,
+            None if first is None else first - start,
+            total_ms,
+            queue_ms,
+            server_ttft,
+        )
+
+
+async def closed_loop(
+    client: Client, concurrency: int, duration: float
+) -> tuple[list[Record], float]:
+    """``concurrency`` clients back to back for ``duration`` s; returns (records, window start)."""
+    records: list[Record] = []
+    begin = time.perf_counter()
+    stop_at = begin + duration
+
+    async def worker() -> None:
+        while time.perf_counter() < stop_at:
+            records.append(await client.call())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records, begin
+
+
+async def open_loop(
+    client: Client, rate: float, duration: float, seed: int = 0
+) -> tuple[list[Record], float]:
+    """Poisson arrivals at ``rate`` per s for ``duration`` s; returns (records, window start)."""
+    rng = np.random.default_rng(seed)
+    begin = time.perf_counter()
+    arrival = begin
+    tasks: list[asyncio.Task[Record]] = []
+    while True:
+        arrival += float(rng.exponential(1.0 / rate))
+        if arrival > begin + duration:
+            break
+        delay = arrival - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(client.call(start=arrival)))
+    records = list(await asyncio.gather(*tasks)) if tasks else []
+    return records, begin
+
+
+def _percentiles(values: list[float], scale: float = 1000.0) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None, "max": None}
+    array = np.asarray(values, dtype=np.float64) * scale
+    p50, p90, p99 = np.percentile(array, [50, 90, 99])
+    return {
+        "p50": round(float(p50), 3),
+        "p90": round(float(p90), 3),
+        "p99": round(float(p99), 3),
+        "mean": round(float(array.mean()), 3),
+        "max": round(float(array.max()), 3),
+    }
+
+
+def summarise(records: list[Record], begin: float) -> dict[str, Any]:
+    """Throughput, errors and latency / TTFT / TPOT percentiles (ms) of one load point."""
+    ok = [r for r in records if r.code == "OK"]
+    end = max((r.end for r in records), default=begin)
+    span = max(end - begin, 1e-9)
+    tokens = sum(r.tokens for r in ok)
+    server_total = [r.server_total_ms / 1000 for r in ok if r.server_total_ms]
+    return {
+        "requests": len(ok),
+        "errors": len(records) - len(ok),
+        "error_codes": dict(Counter(r.code for r in records if r.code != "OK")),
+        "duration_s": round(span, 3),
+        "throughput_rps": round(len(ok) / span, 3),
+        "tokens_per_s": round(tokens / span, 2) if tokens else None,
+        "tokens_per_request": round(tokens / len(ok), 2) if ok and tokens else None,
+        "latency_ms": _percentiles([r.latency for r in ok]),
+        "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),
+        "server_total_ms": _percentiles(server_total),
+    }
+
+
+def process_cpu_seconds(pid: int | None = None) -> float | None:
+    """CPU seconds (user + system) of this process, or of ``pid`` from /proc (Linux)."""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def machine_busy_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (all CPUs), from /proc/stat."""
+    try:
+        with open("/proc/stat") as handle:
+            values = [int(v) for v in handle.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    client: Client,
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    duration: float,
+    warmup: float = 0.0,
+    server_pid: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One load point (closed loop when ``concurrency`` is given, else open loop at ``rate``).
+
+    A closed-loop warm-up of ``warmup`` seconds at the same concurrency runs first (its records
+    are dropped). The result adds the client's and server's CPU seconds over the measured phase.
+    """
+    if (concurrency is None) == (rate is None):
+        raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
+    if warmup > 0:
+        await closed_loop(client, concurrency or max(1, math.ceil(rate or 1)), warmup)
+    client_cpu = process_cpu_seconds()
+    server_cpu = process_cpu_seconds(server_pid) if server_pid else None
+    busy = machine_busy_seconds()
+    wall = time.perf_counter()
+    if concurrency is not None:
+        records, begin = await closed_loop(client, concurrency, duration)
+    else:
+        assert rate is not None
+        records, begin = await open_loop(client, rate, duration, seed)
+    point = summarise(records, begin)
+    wall = time.perf_counter() - wall
+    busy_after = machine_busy_seconds()
+    point["client_cpu_s"] = round((process_cpu_seconds() or 0) - (client_cpu or 0), 3)
+    if server_cpu is not None:
+        after = process_cpu_seconds(server_pid)
+        point["server_cpu_s"] = round(after - server_cpu, 3) if after is not None else None
+    point["foreign_cpu_share"] = None
+    if busy is not None and busy_after is not None and wall > 0:
+        own = point["client_cpu_s"] + (point.get("server_cpu_s") or 0.0)
+        foreign = max(0.0, busy_after - busy - own)
+        point["foreign_cpu_share"] = round(foreign / (wall * (os.cpu_count() or 1)), 3)
+    return point
+
+
+def run(coroutine_factory: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a coroutine on a fresh event loop (the CLI's synchronous entry)."""
+    return asyncio.run(coroutine_factory())  # type: ignore[arg-type]

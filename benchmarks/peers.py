@@ -1,0 +1,225 @@
+"""Peer engines for the engine benchmark: CTranslate2 and Hugging Face ``generate``.
+
+Every runner takes the same input, a (batch, source) int64 array of token ids of the random
+Marian model (``benchmarks.marian``), and returns a (batch, new_tokens) array of generated ids:
+exactly ``new_tokens`` per row, EOS suppressed, greedy. Runners are built once and timed many
+times; ``run`` must do the whole job (encode and every decoder step) and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class Unavailable(Exception):
+    """The engine cannot run here (package missing, no CUDA, ...); the message says why."""
+
+
+@dataclass
+class Runner:
+    """A benchmarked engine: ``run(ids) -> ids`` plus what the results record about it."""
+
+    name: str  # unique key in the results, e.g. "ctranslate2-int8-2x1"
+    family: str  # attnserve | ctranslate2 | hf
+    precision: str  # fp32 | int8
+    label: str  # human-readable
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, ids: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def timed_run(self, ids: np.ndarray) -> tuple[float, np.ndarray]:
+        """(seconds, output) of one ``run``."""
+        started = time.perf_counter()
+        out = self.run(ids)
+        return time.perf_counter() - started, out
+
+    def close(self) -> None:
+        """Release the engine's memory."""
+
+
+def thread_splits(threads: int) -> list[tuple[int, int]]:
+    """CTranslate2 (inter_threads, intra_threads) pairs using exactly ``threads`` threads.
+
+    All threads in one translation (1 x N), and one thread per translation worker (N x 1),
+    which FACTS.md found best for batches on this CPU; both are measured and the best is kept.
+    """
+    splits = [(1, threads)]
+    if threads > 1:
+        splits.append((threads, 1))
+    return splits
+
+
+# --- CTranslate2 --------------------------------------------------------------------------------
+
+
+def ctranslate2_available(device: str) -> str | None:
+    """None when CTranslate2 can run on ``device``, else the reason it cannot."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        return "ctranslate2 is not installed (pip install 'ctranslate2>=4.5')"
+    if device == "cuda":
+        import ctranslate2
+
+        if ctranslate2.get_cuda_device_count() == 0:
+            return "ctranslate2 sees no CUDA device"
+    return None
+
+
+def convert_ctranslate2(marian_dir: Path, cache: Path, quantization: str) -> Path:
+    """Convert the HF Marian directory once per quantisation ("float32" | "int8")."""
+    from ctranslate2.converters import TransformersConverter
+
+    target = Path(cache) / f"ct2-{Path(marian_dir).name}-{quantization}"
+    if (target / "model.bin").is_file():
+        return target
+    scratch = target.with_name(target.name + ".partial")
+    TransformersConverter(str(marian_dir)).convert(
+        str(scratch), quantization=quantization, force=True
+    )
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    scratch.rename(target)
+    return target
+
+
+class CTranslate2Runner(Runner):
+    """``ctranslate2.Translator.translate_batch`` on token strings, min = max decoding length."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        vocabulary: list[str],
+        precision: str,
+        new_tokens: int,
+        inter_threads: int,
+        intra_threads: int,
+        device: str = "cpu",
+    ) -> None:
+        import ctranslate2
+
+        compute_type = {"fp32": "float32", "int8": "int8"}[precision]
+        if device == "cuda" and precision == "int8":
+            compute_type = "int8_float16"
+        super().__init__(
+            name=f"ctranslate2-{precision}-{inter_threads}x{intra_threads}",
+            family="ctranslate2",
+            precision=precision,
+            label=f"CTranslate2 {precision} (inter {inter_threads} x intra {intra_threads})",
+            config={
+                "version": ctranslate2.__version__,
+                "compute_type": compute_type,
+                "inter_threads": inter_threads,
+                "intra_threads": intra_threads,
+                "device": device,
+            },
+        )
+        self.translator = ctranslate2.Translator(
+            str(model_dir),
+            device=device,
+            compute_type=compute_type,
+            inter_threads=inter_threads,
+            intra_threads=intra_threads,
+        )
+        self.vocabulary = vocabulary
+        self.index = {token: i for i, token in enumerate(vocabulary)}
+        self.new_tokens = new_tokens
+        self.inter_threads = inter_threads
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        batch = [[self.vocabulary[i] for i in row] for row in ids.tolist()]
+        # Split the batch evenly over the translation workers (inter_threads).
+        per_worker = max(1, math.ceil(len(batch) / self.inter_threads))
+        results = self.translator.translate_batch(
+            batch,
+            beam_size=1,
+            max_batch_size=per_worker,
+            batch_type="examples",
+            min_decoding_length=self.new_tokens,
+            max_decoding_length=self.new_tokens,
+            return_scores=False,
+        )
+        return np.array(
+            [[self.index.get(t, -1) for t in r.hypotheses[0]] for r in results], dtype=np.int64
+        )
+
+    def close(self) -> None:
+        del self.translator
+
+
+# --- Hugging Face transformers ------------------------------------------------------------------
+
+
+def hf_available(device: str) -> str | None:
+    """None when transformers + torch can run on ``device``, else why not."""
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed"
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch.cuda.is_available() is False"
+    return None
+
+
+class HFGenerateRunner(Runner):
+    """``MarianMTModel.generate``: greedy, min_new_tokens = max_new_tokens, with / without cache."""
+
+    def __init__(
+        self, marian_dir: Path, new_tokens: int, use_cache: bool, threads: int, device: str = "cpu"
+    ) -> None:
+        import torch
+        import transformers
+
+        cache = "kv" if use_cache else "nokv"
+        super().__init__(
+            name=f"hf-generate-{cache}",
+            family="hf",
+            precision="fp32",
+            label=f"HF transformers generate, {'KV cache' if use_cache else 'no KV cache'}",
+            config={
+                "transformers": transformers.__version__,
+                "torch": torch.__version__,
+                "use_cache": use_cache,
+                "torch_threads": threads,
+                "device": device,
+            },
+        )
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.device = device
+        self.model = (
+            transformers.MarianMTModel.from_pretrained(str(marian_dir), local_files_only=True)
+            .to(device)  # type: ignore[arg-type]
+            .eval()
+        )
+        self.new_tokens = new_tokens
+        self.use_cache = use_cache
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        input_ids = torch.from_numpy(ids).to(self.device)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=self.new_tokens,
+                min_new_tokens=self.new_tokens,
+                do_sample=False,
+                num_beams=1,
+                use_cache=self.use_cache,
+            )
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return out[:, 1:].cpu().numpy()  # drop the decoder start token
+
+    def close(self) -> None:
+        del self.model

@@ -1,0 +1,274 @@
+"""`attnserve bench report`: the README results table, rendered from the latest JSON results.
+
+Reads the newest ``engine-*.json`` and ``serve-*.json`` of a results folder (full runs; ``--tiny``
+runs only when no full run exists or when asked), validates them, and writes markdown: the
+machine, the engine comparison (tokens/s, ms per step, ratios, fraction of peak), the serving
+goals with pass / fail, and a closed-loop summary. The lead pastes or links the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.schema import BenchError, validate
+
+SUMMARY_CONCURRENCY = (1, 8, 32, 64)
+
+
+def latest(results: Path, kind: str, include_tiny: bool = False) -> Path | None:
+    """The newest KIND-<run id>.json in ``results`` (full runs before tiny ones)."""
+    files = sorted(Path(results).glob(f"{kind}-*.json"))
+    full = [p for p in files if not p.stem.endswith("-tiny")]
+    tiny = [p for p in files if p.stem.endswith("-tiny")]
+    if include_tiny:
+        chosen = sorted(full + tiny, key=lambda p: p.stem.removesuffix("-tiny"))
+        return chosen[-1] if chosen else None
+    if full:
+        return full[-1]
+    return tiny[-1] if tiny else None
+
+
+def load(path: Path) -> dict[str, Any]:
+    document = json.loads(Path(path).read_text())
+    validate(document)
+    return document
+
+
+def _fmt(value: Any, digits: int = 0, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else fraction * 100
+
+
+def machine_line(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    versions = ", ".join(
+        f"{name} {version}"
+        for name, version in m["versions"].items()
+        if version
+        and name
+        in ("onnxruntime", "onnxruntime-gpu", "ctranslate2", "torch", "transformers", "grpcio")
+    )
+    gpu = f", GPU {m['gpu']}" if m.get("gpu") else ""
+    memory = f", {m['memory_gib']} GiB" if m.get("memory_gib") else ""
+    load_avg = m.get("load_average_start")
+    load_text = f"; load average at start {load_avg[0]}" if load_avg else ""
+    if m.get("foreign_cpu_share") is not None:
+        load_text += f"; other processes used {m['foreign_cpu_share']:.0%} of the CPU time"
+    return (
+        f"Machine: {m['cpu_model']}, {m['logical_cpus']} logical CPUs{memory}, device "
+        f"{m['device']}{gpu}; {versions}; run {m['date']}{load_text}."
+    )
+
+
+def engine_section(result: dict[str, Any], source: str) -> list[str]:
+    s = result["settings"]
+    shape = result["model"]["shape"]
+    batches = s["batches"]
+    rows = result["results"]
+    peak = result["roofline"]["matmul_peak_gflops"]
+    tiny = " (TINY configuration: the numbers mean nothing)" if s.get("tiny") else ""
+    lines = [
+        f"### Engine: greedy decoding{tiny}",
+        "",
+        f"Random Marian model (d_model {shape['d_model']}, {shape['encoder_layers']}+"
+        f"{shape['decoder_layers']} layers, {shape['heads']} heads, ffn {shape['ffn_dim']}, "
+        f"vocab {shape['vocab_size']}), source {s['source_length']} tokens, exactly "
+        f"{s['new_tokens']} new tokens (EOS suppressed), {s['threads']} threads per engine; "
+        f"medians of {s['repetitions']} interleaved runs after {s['warmup']} warm-up. "
+        f"fp32 matmul peak measured in the same run: {peak:,.0f} GFLOP/s. Source: `{source}`.",
+        "",
+        machine_line(result),
+        "",
+        "New tokens/s (ms per decode step of the whole batch, encoder amortised):",
+        "",
+        "| engine | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for engine in result["engines"]:
+        cells = []
+        for batch in batches:
+            row = next(
+                (r for r in rows if r["engine"] == engine["name"] and r["batch"] == batch), None
+            )
+            if row is None or row["tokens_per_s"] is None:
+                cells.append("—")
+            else:
+                cells.append(f"{row['tokens_per_s']:,.0f} ({row['ms_per_step']:.2f} ms)")
+        lines.append(f"| {engine['label']} | " + " | ".join(cells) + " |")
+    for skipped in result["skipped"]:
+        lines.append(f"| {skipped['engine']} | " + " | ".join("—" for _ in batches) + " |")
+    lines += [
+        "",
+        "attnserve against its peers: ratio to the best CTranslate2 thread split of the same "
+        "precision, ratio to HF generate with KV cache, fraction of the fp32 matmul peak "
+        "(achieved FLOP/s, encoder included):",
+        "",
+        "| attnserve | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+    for precision in ("fp32", "int8"):
+        name = f"attnserve-{precision}"
+        if not any(r["engine"] == name for r in rows):
+            continue
+        cells = []
+        for batch in batches:
+            row = next((r for r in rows if r["engine"] == name and r["batch"] == batch), None)
+            if row is None or row["tokens_per_s"] is None:
+                cells.append("—")
+                continue
+            cells.append(
+                f"{_fmt(row['ratio_to_ctranslate2'], 2, '×')} CT2, "
+                f"{_fmt(row['ratio_to_hf'], 2, '×')} HF, "
+                f"{_fmt(_percent(row['fraction_of_peak']), 1, '%')} peak"
+            )
+        lines.append(f"| {precision} | " + " | ".join(cells) + " |")
+    best = result["summary"]["by_batch"]
+    ct2_notes = []
+    for batch in batches:
+        entry = best.get(str(batch), {})
+        splits = [
+            f"{p} {entry[f'best_ctranslate2_{p}']['engine'].rsplit('-', 1)[1]}"
+            for p in ("fp32", "int8")
+            if f"best_ctranslate2_{p}" in entry
+        ]
+        if splits:
+            ct2_notes.append(f"batch {batch}: {', '.join(splits)}")
+    if ct2_notes:
+        lines += ["", "Best CTranslate2 split (inter × intra): " + "; ".join(ct2_notes) + "."]
+    if result["skipped"]:
+        lines += [
+            "",
+            "Skipped: "
+            + "; ".join(f"{s['engine']} ({s['reason']})" for s in result["skipped"])
+            + ".",
+        ]
+    for plot in result.get("plots", []):
+        lines += ["", f"![engine comparison]({plot})"]
+    return lines
+
+
+def serve_section(result: dict[str, Any], source: str) -> list[str]:
+    s = result["settings"]
+    tiny = " (TINY configuration: the numbers mean nothing)" if s.get("tiny") else ""
+    lines = [
+        f"### Serving over gRPC{tiny}",
+        "",
+        f"Server `attnserve serve` in its own process on loopback, load generator (grpc.aio) in "
+        f"another; {s['duration_s']:g} s per load point; translations decode exactly "
+        f"{s['new_tokens']} tokens. Source: `{source}`.",
+        "",
+        machine_line(result),
+        "",
+        "| goal | measured | target | result |",
+        "|---|---|---|---|",
+    ]
+    for goal in result["goals"]:
+        verdict = {True: "pass", False: "**FAIL**", None: "not measured"}[goal["passed"]]
+        unit = goal.get("unit", "")
+        lines.append(
+            f"| {goal['name']}: {goal['goal']} | {_fmt(goal['measured'], 3)} {unit} | "
+            f"{_fmt(goal.get('target'), 3)} {unit} | {verdict} |"
+        )
+    offline = result["offline"]
+    notes = []
+    if "translator" in offline:
+        t = offline["translator"]["tokens_per_s"]
+        notes.append(
+            "translator offline (fixed-length greedy, same ORT settings): "
+            + ", ".join(f"batch {b}: {v:,.0f} tok/s" for b, v in t.items())
+        )
+    if "vit" in offline:
+        v = offline["vit"]["images_per_s"]
+        notes.append(
+            "ViT onnxruntime alone: "
+            + ", ".join(f"batch {b}: {x:,.0f} img/s" for b, x in v.items())
+        )
+    if notes:
+        lines += ["", "Offline references measured in the same run: " + "; ".join(notes) + "."]
+    lines += [
+        "",
+        "Closed loop (throughput; latency p50 / p99; TTFT p50; TPOT p50; errors):",
+        "",
+        "| model | method | setup | clients | throughput | latency p50 / p99 ms | TTFT p50 ms "
+        "| TPOT p50 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    wanted = set(SUMMARY_CONCURRENCY) | {min(s["concurrency"]), max(s["concurrency"])}
+    for p in result["points"]:
+        if p["loop"] != "closed" or p.get("workload", "fixed") != "fixed":
+            continue
+        if p["concurrency"] not in wanted:
+            continue
+        rate = (
+            f"{p['tokens_per_s']:,.0f} tok/s ({p['throughput_rps']:,.1f} req/s)"
+            if p.get("tokens_per_s")
+            else f"{p['throughput_rps']:,.1f} req/s"
+        )
+        lines.append(
+            f"| {p['model']} | {p['method']} | {p['variant']} | {p['concurrency']} | {rate} | "
+            f"{_fmt(p['latency_ms']['p50'], 1)} / {_fmt(p['latency_ms']['p99'], 1)} | "
+            f"{_fmt((p.get('ttft_ms') or {}).get('p50'), 1)} | "
+            f"{_fmt((p.get('tpot_ms') or {}).get('p50'), 2)} | {p['errors']} |"
+        )
+    open_points = [p for p in result["points"] if p["loop"] == "open"]
+    if open_points:
+        lines += [
+            "",
+            "Open loop (Poisson arrivals):",
+            "",
+            "| model | method | setup | offered req/s | achieved req/s "
+            "| latency p50 / p90 / p99 ms | errors |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in open_points:
+            lines.append(
+                f"| {p['model']} | {p['method']} | {p['variant']} | {_fmt(p['rate'], 1)} | "
+                f"{p['throughput_rps']:,.1f} | {_fmt(p['latency_ms']['p50'], 1)} / "
+                f"{_fmt(p['latency_ms']['p90'], 1)} / {_fmt(p['latency_ms']['p99'], 1)} | "
+                f"{p['errors']} |"
+            )
+    for plot in result.get("plots", []):
+        lines += ["", f"![{plot}]({plot})"]
+    return lines
+
+
+def render(results: Path, include_tiny: bool = False) -> str:
+    """The markdown of the latest engine and serve results in ``results``.
+
+    Raises:
+        BenchError: when the folder holds no results.
+        ResultSchemaError: when the latest result does not validate.
+    """
+    sections: list[str] = ["## Benchmark results", ""]
+    found = False
+    for kind, renderer in (("engine", engine_section), ("serve", serve_section)):
+        path = latest(results, kind, include_tiny)
+        if path is None:
+            continue
+        found = True
+        sections += renderer(load(path), path.name)
+        sections.append("")
+    if not found:
+        raise BenchError(
+            f"{results} holds no engine-*.json or serve-*.json results; run `attnserve bench "
+            "engine` / `attnserve bench serve` first"
+        )
+    sections.append("_Generated by `attnserve bench report` from the JSON results in this folder._")
+    return "\n".join(sections) + "\n"
+
+
+def write_report(results: Path, out: Path, include_tiny: bool = False) -> Path:
+    """Render and write the markdown; returns ``out``."""
+    text = render(results, include_tiny)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    return out

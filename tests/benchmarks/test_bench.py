@@ -1,0 +1,173 @@
+"""`attnserve bench engine | serve | report` in their tiny configurations (CI).
+
+Checks structure only: the commands run, their JSON validates against the schema, the PNGs exist,
+the report renders, and the schema rejects a malformed result. No timing assertions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+pytest.importorskip("matplotlib")
+pytest.importorskip("grpc")
+
+from benchmarks import schema
+
+
+def bench(*argv: str) -> Path:
+    """Run `attnserve bench ...` in this process; returns the path it prints."""
+    import attnserve_cli
+
+    if "benchmarks.cli" in attnserve_cli.COMMAND_MODULES:
+        parser = attnserve_cli.build_parser()
+    else:  # until the lead registers the module
+        from benchmarks.cli import build_parser
+
+        parser = build_parser()
+    args = parser.parse_args(["bench", *argv])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = args.handler(args)
+    assert code == 0
+    return Path(out.getvalue().strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def out_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-results")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("bench-cache")
+
+
+@pytest.fixture(scope="module")
+def engine_json(out_dir: Path, cache_dir: Path) -> Path:
+    return bench("engine", "--tiny", "--out", str(out_dir), "--cache", str(cache_dir))
+
+
+@pytest.fixture(scope="module")
+def serve_json(
+    out_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Path:
+    try:  # a session-wide tiny repository, when a conftest above this folder provides one
+        repository = Path(request.getfixturevalue("tiny_repository"))
+    except pytest.FixtureLookupError:
+        from export.exporter import export
+        from tests.serving.conftest import FAST, tiny_sources
+
+        repository = tmp_path_factory.mktemp("bench-repository")
+        for source in tiny_sources():
+            if source.kind in ("translator", "vit"):
+                export(source, repository, FAST)
+    return bench(
+        "serve",
+        "--tiny",
+        "--out",
+        str(out_dir),
+        "--cache",
+        str(tmp_path_factory.mktemp("serve-cache")),
+        "--repository",
+        str(repository),
+    )
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document = json.loads(path.read_text())
+    schema.validate(document)
+    return document
+
+
+def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
+    result = _load(engine_json)
+    assert result["kind"] == "engine" and result["settings"]["tiny"]
+    assert result["settings"]["batches"] == [1, 2]
+    names = {e["name"] for e in result["engines"]}
+    assert {"attnserve-fp32", "attnserve-int8", "hf-generate-kv", "hf-generate-nokv"} <= names
+    try:
+        import ctranslate2  # noqa: F401
+
+        assert any(n.startswith("ctranslate2-") for n in names)
+    except ImportError:
+        assert any(s["engine"].startswith("ctranslate2") for s in result["skipped"])
+    for row in result["results"]:
+        assert row["error"] is None, row
+        assert len(row["runs_s"]) == result["settings"]["repetitions"]
+        assert row["tokens_per_s"] is not None and row["fraction_of_peak"] is not None
+    ours = [r for r in result["results"] if r["engine"] == "attnserve-fp32"]
+    # Same weights and greedy decoding in every engine: fp32 outputs agree with HF's.
+    assert all(r["agreement_with_hf"] >= 0.75 for r in ours)
+    assert result["roofline"]["matmul_peak_gflops"] > 0
+    for plot in result["plots"]:
+        assert (engine_json.parent / plot).is_file()
+    assert result["plots"]
+
+
+def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
+    result = _load(serve_json)
+    assert result["kind"] == "serve" and result["settings"]["tiny"]
+    points = result["points"]
+    assert {p["variant"] for p in points} == {"batching", "no_batching"}
+    assert {p["loop"] for p in points} == {"closed", "open"}
+    assert {p["method"] for p in points} == {"translate", "translate_stream", "classify"}
+    assert all(p["errors"] == 0 and p["requests"] > 0 for p in points)
+    stream = [p for p in points if p["method"] == "translate_stream" and p["loop"] == "closed"]
+    assert all(p["tokens_per_request"] == result["settings"]["new_tokens"] for p in stream)
+    assert all(p["ttft_ms"]["p50"] is not None for p in stream)
+    batchings = {(v["name"], v["model"]): v["batching"] for v in result["variants"]}
+    assert batchings[("no_batching", "vit")]["max_batch_size"] == 1
+    assert batchings[("no_batching", "translator")]["in_flight"] is False
+    assert batchings[("batching", "translator")]["in_flight"] is True
+    names = {g["name"] for g in result["goals"]}
+    assert "overhead_p50_ms[translate]" in names
+    assert "vit_c1_images_per_s[batching]" in names
+    assert set(result["offline"]) == {"translator", "vit"}
+    for plot in result["plots"]:
+        assert (serve_json.parent / plot).is_file()
+    assert len(result["plots"]) == 3
+
+
+def test_report_renders_the_latest_results(engine_json: Path, serve_json: Path) -> None:
+    table = bench("report", "--results", str(engine_json.parent))
+    assert table == engine_json.parent / "README-table.md"
+    text = table.read_text()
+    assert "### Engine: greedy decoding" in text and "### Serving over gRPC" in text
+    assert "| attnserve ONNX Runtime fp32 |" in text
+    assert "| goal | measured | target | result |" in text
+    assert "Machine: " in text
+
+
+def test_schema_rejects_malformed_results(engine_json: Path, serve_json: Path) -> None:
+    engine = json.loads(engine_json.read_text())
+    serve = json.loads(serve_json.read_text())
+    broken = copy.deepcopy(engine)
+    del broken["results"][0]["tokens_per_s"]
+    with pytest.raises(schema.ResultSchemaError, match="tokens_per_s"):
+        schema.validate(broken)
+    broken = copy.deepcopy(serve)
+    del broken["goals"][0]["passed"]
+    with pytest.raises(schema.ResultSchemaError, match="passed"):
+        schema.validate(broken)
+    broken = copy.deepcopy(serve)
+    broken["points"][0]["latency_ms"]["p99"] = "slow"
+    with pytest.raises(schema.ResultSchemaError):
+        schema.validate(broken)
+    with pytest.raises(schema.ResultSchemaError, match="schema"):
+        schema.validate({"kind": "engine"})
+    # The hand-written checker (used when jsonschema is not installed) agrees.
+    schema._check(engine, schema.ENGINE_SCHEMA, "$", "engine")
+    missing = copy.deepcopy(engine)
+    del missing["machine"]
+    with pytest.raises(schema.ResultSchemaError, match="machine"):
+        schema._check(missing, schema.ENGINE_SCHEMA, "$", "engine")
