@@ -244,6 +244,30 @@ def foreign_cpu_share(
     return round(max(0.0, foreign) / (wall * (os.cpu_count() or 1)), 3)
 
 
+def wait_for_quiet(
+    limit: float, pids: Sequence[int] = (), max_wait_s: float = 300.0, window_s: float = 2.0
+) -> float | None:
+    """Wait until other processes use at most ``limit`` of the CPU over ``window_s``.
+
+    Returns the last measured share (still above ``limit`` when ``max_wait_s`` ran out).
+    """
+    deadline = time.monotonic() + max_wait_s
+    share = None
+    waited = False
+    while True:
+        snapshot = cpu_snapshot(pids)
+        time.sleep(window_s)
+        share = foreign_cpu_share(snapshot, pids)
+        if share is None or share <= limit or time.monotonic() >= deadline:
+            if waited:
+                shown = "n/a" if share is None else f"{share:.0%}"
+                log(f"stopped waiting: other processes use {shown} of the CPU")
+            return share
+        if not waited:
+            log(f"other processes use {share:.0%} of the CPU; waiting (up to {max_wait_s:.0f} s)")
+            waited = True
+
+
 def _load_average() -> list[float] | None:
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -742,6 +766,8 @@ def _bench_batch(
     discarded: dict[str, list[dict[str, float | None]]] = {r.name: [] for r in live}
     limit = settings.max_foreign_share
     for rep in range(settings.repetitions):
+        if limit is not None:  # start every round on a quiet machine
+            wait_for_quiet(limit, pids)
         order = live[rep % len(live) :] + live[: rep % len(live)]
         for runner in order:
             for attempt in range(settings.noise_retries + 1):
@@ -757,7 +783,7 @@ def _bench_batch(
                         f"batch {batch} round {rep + 1}: {runner.name} {elapsed:.3f} s discarded: "
                         f"other processes used {share:.0%} of the CPU; repeating"
                     )
-                    time.sleep(2.0)
+                    wait_for_quiet(limit or 0.0, pids)
                     continue
                 times[runner.name].append(elapsed)
                 shares[runner.name].append(share)

@@ -47,7 +47,7 @@ def engine_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     batches = sorted({r["batch"] for r in rows}) or result["settings"]["batches"]
     engines = [e["name"] for e in result["engines"]]
     family = {e["name"]: e["family"] for e in result["engines"]}
-    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(batches) * max(1, len(engines)) / 3), 5))
+    fig, ax = plt.subplots(figsize=(min(14, max(8, 0.35 * len(batches) * len(engines))), 5.5))
     width = 0.8 / max(1, len(engines))
     hatches = {"fp32": "", "int8": "//"}
     for i, engine in enumerate(engines):

@@ -51,6 +51,7 @@ from benchmarks.engine import (
     log,
     machine_metadata,
     timestamp,
+    wait_for_quiet,
 )
 from benchmarks.marian import default_cache
 from benchmarks.schema import SERVE_SCHEMA_ID, BenchError
@@ -488,7 +489,8 @@ async def _drive_setup(
                     {"throughput_rps": result["throughput_rps"], "foreign_cpu_share": share}
                 )
                 log(f"{setup} {model} {method}: other processes used {share:.0%}; repeating")
-                await asyncio.sleep(2.0)
+                pids = [server.pid] if server.pid else []
+                await asyncio.to_thread(wait_for_quiet, limit, pids)
         finally:
             await client.close()
         result["discarded"] = discarded
