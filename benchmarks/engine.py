@@ -553,17 +553,23 @@ class IsolatedRunner(Runner):
     """A runner living in its own process (only its engine loaded there); timing is done there."""
 
     def __init__(self, spec: RunnerSpec, context: Any) -> None:
+        """Start the worker; ``wait_ready`` completes the construction."""
         parent, child = context.Pipe()
         self.process = context.Process(target=_worker, args=(child, spec), daemon=True)
         self.process.start()
         child.close()
         self.conn = parent
-        reply = parent.recv()
+        self.spec = spec
+
+    def wait_ready(self) -> IsolatedRunner:
+        """Wait for the worker to have built its engine (raises Unavailable if it could not)."""
+        reply = self.conn.recv()
         if reply[0] != "ready":
             self.process.join(10)
             raise Unavailable(reply[1])
         name, family, precision, label, config = reply[1]
         super().__init__(name, family, precision, label, {**config, "process": "isolated"})
+        return self
 
     @property
     def pid(self) -> int | None:
@@ -599,10 +605,12 @@ def build_runners(
 
     specs, skipped = runner_specs(settings, marian_dir, cache)
     context = multiprocessing.get_context("spawn")
+    # Workers load their engines in parallel; the parent then collects them in order.
+    started = [IsolatedRunner(spec, context) for spec in specs] if settings.isolate else []
     runners: list[Runner] = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
         try:
-            runner = IsolatedRunner(spec, context) if settings.isolate else make_runner(spec)
+            runner = started[i].wait_ready() if settings.isolate else make_runner(spec)
         except Unavailable as err:
             skipped.append({"engine": spec.name, "reason": str(err)})
             log(f"skipping {spec.name}: {err}")

@@ -110,7 +110,8 @@ def engine_section(result: dict[str, Any], source: str) -> list[str]:
         "",
         "attnserve against its peers: ratio to the best CTranslate2 thread split of the same "
         "precision, ratio to HF generate with KV cache, fraction of the fp32 matmul peak "
-        "(achieved FLOP/s, encoder included):",
+        "(achieved FLOP/s, encoder included; for int8 a FLOP-equivalent share, as int8 kernels "
+        "are not bound by the fp32 peak):",
         "",
         "| attnserve | " + " | ".join(f"batch {b}" for b in batches) + " |",
         "|---|" + "---|" * len(batches),
@@ -196,7 +197,8 @@ def serve_section(result: dict[str, Any], source: str) -> list[str]:
         lines += ["", "Offline references measured in the same run: " + "; ".join(notes) + "."]
     lines += [
         "",
-        "Closed loop (throughput; latency p50 / p99; TTFT p50; TPOT p50; errors):",
+        "Closed loop (throughput; latency p50 / p99; TTFT p50 — streams: first token as the "
+        "client sees it, unary: the server's own timing; TPOT p50; errors):",
         "",
         "| model | method | setup | clients | throughput | latency p50 / p99 ms | TTFT p50 ms "
         "| TPOT p50 ms | errors |",

@@ -221,7 +221,9 @@ class ServerProcess:
         command = [
             sys.executable,
             "-m",
-            "attnserve_cli",
+            # Experiments may wrap the server (e.g. patched session options): a module that
+            # behaves like attnserve_cli.
+            os.environ.get("ATTNSERVE_BENCH_SERVER_MODULE", "attnserve_cli"),
             "serve",
             "--repository",
             str(self.repository),
