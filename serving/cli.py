@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV
 from serving.server_config import ServerConfig
 
 SHIPPED_PLAN = Path(__file__).resolve().parent.parent / "export" / "plans" / "shipped.yaml"
@@ -46,7 +48,22 @@ def add_parsers(subparsers: Any) -> None:
         dest="grace_period_s",
         help=f"seconds in-flight requests get on SIGTERM (default {DEFAULTS.grace_period_s})",
     )
+    serve.add_argument(
+        "--max-message-bytes",
+        type=int,
+        help=f"largest gRPC message either way (default {DEFAULTS.max_message_bytes})",
+    )
     serve.add_argument("--log-level", help=f"default {DEFAULTS.log_level}")
+    security = serve.add_argument_group("security (README: Serving / Security)")
+    security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
+    security.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    security.add_argument(
+        "--tls-client-ca", help="PEM CA; clients must present a certificate it signed (mTLS)"
+    )
+    security.add_argument(
+        "--auth-token-file",
+        help=f"file of accepted bearer tokens, one a line (also: env {AUTH_TOKENS_ENV})",
+    )
     serve.set_defaults(handler=run_serve)
 
     for name, helptext in (
@@ -58,6 +75,17 @@ def add_parsers(subparsers: Any) -> None:
         command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
         command.add_argument("--model", default="", help="model name (default: the task's)")
         command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+        command.add_argument("--tls-ca", type=Path, help="PEM root certificate to trust (TLS)")
+        command.add_argument(
+            "--tls", action="store_true", help="TLS trusting the system's root certificates"
+        )
+        command.add_argument("--tls-client-cert", type=Path, help="PEM certificate for mTLS")
+        command.add_argument("--tls-client-key", type=Path, help="PEM key of --tls-client-cert")
+        command.add_argument(
+            "--token",
+            default=os.environ.get(CLIENT_TOKEN_ENV),
+            help=f"bearer token (better: env {CLIENT_TOKEN_ENV}; flags show in `ps`)",
+        )
         if name == "translate":
             command.add_argument("text", nargs="+", help="one or more texts")
             command.add_argument("--to", required=True, help="target language: de, fr or es")
@@ -125,9 +153,12 @@ async def _serve(config: ServerConfig) -> int:
     metrics = (
         f", metrics on {config.metrics_host}:{running.metrics_port}" if running.metrics_port else ""
     )
+    security = ", ".join(
+        word for word, on in (("TLS", running.tls), ("bearer tokens", running.authenticated)) if on
+    )
     print(
         f"attnserve serving {', '.join(m.name for m in running.repository.models())} on "
-        f"{config.host}:{running.port}{metrics}",
+        f"{config.host}:{running.port}{f' ({security})' if security else ''}{metrics}",
         flush=True,
     )
     stop = asyncio.Event()
@@ -149,7 +180,16 @@ def run_client(args: argparse.Namespace) -> int:
         key: getattr(args, key, None)
         for key in ("max_new_tokens", "beam_size", "temperature", "top_k", "top_p", "seed")
     }
-    with AttnServeClient(args.server, timeout=args.timeout) as client:
+    client = AttnServeClient(
+        args.server,
+        timeout=args.timeout,
+        tls=args.tls,
+        tls_ca=args.tls_ca,
+        tls_client_cert=args.tls_client_cert,
+        tls_client_key=args.tls_client_key,
+        token=args.token,
+    )
+    with client:
         try:
             if args.command == "classify":
                 for label in client.classify(_read(args.image), top_k=args.top_k, model=args.model):

@@ -5,12 +5,16 @@ with AttnServeClient("127.0.0.1:50051") as client:
     for delta in client.translate_stream("forty-two", to="fr"): print(delta, end="")
     client.caption(Path("scene.png").read_bytes()).text
     client.classify(Path("digit.png").read_bytes())[0].label
+
+Against a server with TLS and tokens:
+    AttnServeClient("attnserve.example:50051", tls_ca="ca.pem", token=os.environ["ATTNSERVE_TOKEN"])
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.security import SecurityConfigError, check_token, read_secret_file
 
 FINISH_NAMES = {
     pb.FINISH_REASON_UNSPECIFIED: "",
@@ -57,13 +62,59 @@ def decoding_options(**options: Any) -> pb.DecodingOptions:
     return pb.DecodingOptions(**{k: v for k, v in options.items() if v is not None})
 
 
-class AttnServeClient:
-    """Blocking client; every call takes an optional per-call ``timeout`` in seconds."""
+def channel_credentials(
+    tls_ca: str | Path | None = None,
+    tls_client_cert: str | Path | None = None,
+    tls_client_key: str | Path | None = None,
+) -> grpc.ChannelCredentials:
+    """TLS credentials trusting ``tls_ca`` (None: the system roots), with a client certificate
+    for mutual TLS when ``tls_client_cert`` and ``tls_client_key`` are given.
 
-    def __init__(self, address: str = "127.0.0.1:50051", timeout: float | None = 30.0) -> None:
+    Raises:
+        SecurityConfigError: a missing or unreadable file, or only one of cert / key.
+    """
+    if bool(tls_client_cert) != bool(tls_client_key):
+        raise SecurityConfigError(
+            "a client certificate needs both tls_client_cert and tls_client_key"
+        )
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_secret_file(tls_ca, "CA certificate (--tls-ca)") if tls_ca else None,
+        private_key=read_secret_file(tls_client_key, "client key") if tls_client_key else None,
+        certificate_chain=(
+            read_secret_file(tls_client_cert, "client certificate") if tls_client_cert else None
+        ),
+    )
+
+
+class AttnServeClient:
+    """Blocking client; every call takes an optional per-call ``timeout`` in seconds.
+
+    ``tls``: speak TLS (implied by ``tls_ca`` or a client certificate); ``tls_ca``: the PEM root
+    certificate(s) to trust (default: the system's); ``token``: sent as
+    ``authorization: Bearer <token>`` on every call.
+    """
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        timeout: float | None = 30.0,
+        *,
+        tls: bool = False,
+        tls_ca: str | Path | None = None,
+        tls_client_cert: str | Path | None = None,
+        tls_client_key: str | Path | None = None,
+        token: str | None = None,
+    ) -> None:
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        self.metadata: tuple[tuple[str, str], ...] = ()
+        if token:
+            self.metadata = (("authorization", f"Bearer {check_token(token, 'client token')}"),)
+        if tls or tls_ca or tls_client_cert or tls_client_key:
+            credentials = channel_credentials(tls_ca, tls_client_cert, tls_client_key)
+            self.channel = grpc.secure_channel(address, credentials)
+        else:
+            self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.AttnServeStub(self.channel)
 
     def __enter__(self) -> AttnServeClient:
@@ -77,13 +128,13 @@ class AttnServeClient:
 
     def _call(self, method: Any, request: Any, timeout: float | None) -> Any:
         try:
-            return method(request, timeout=timeout or self.timeout)
+            return method(request, timeout=timeout or self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
             raise ClientError(err.code(), err.details() or "") from err
 
     def _stream(self, method: Any, request: Any, timeout: float | None) -> Iterator[Any]:
         try:
-            yield from method(request, timeout=timeout or self.timeout)
+            yield from method(request, timeout=timeout or self.timeout, metadata=self.metadata)
         except grpc.RpcError as err:
             raise ClientError(err.code(), err.details() or "") from err
 

@@ -16,9 +16,11 @@ from serving.metrics import MetricsServer, ServingMetrics
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
+from serving.security import BearerTokenInterceptor, accepted_tokens, server_credentials
 from serving.server_config import ServerConfig
 from serving.services.attnserve import AttnServeServicer
 from serving.services.common import ServerState
+from serving.services.parsing import StrictParsing
 from serving.services.kserve import KServeServicer
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,8 @@ class RunningServer:
     state: ServerState
     health: Any
     metrics_server: MetricsServer | None
+    tls: bool = False  # the gRPC port speaks TLS
+    authenticated: bool = False  # calls need a bearer token (health and reflection excepted)
 
     @property
     def address(self) -> str:
@@ -78,9 +82,12 @@ async def create_server(
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
 
     Raises:
+        SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
         RepositoryError: the repository cannot be served.
         OSError: the port cannot be bound.
     """
+    credentials = server_credentials(config)
+    tokens = accepted_tokens(config)
     metrics = ServingMetrics()
     repository = repository or ModelRepository.load(config.repository, metrics, config.models)
     await repository.start()
@@ -89,7 +96,12 @@ async def create_server(
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    server = grpc.aio.server(options=options)
+    # StrictParsing first: it wraps whatever the later interceptors return (an auth rejection
+    # has no deserializer and is left alone), so unparsable requests get INVALID_ARGUMENT.
+    interceptors: list[grpc.aio.ServerInterceptor] = [StrictParsing()]
+    if tokens:
+        interceptors.append(BearerTokenInterceptor(tokens))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     state = ServerState()
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
@@ -102,7 +114,11 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, reflection.SERVICE_NAME), server, pool=_reflection_pool()
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    address = f"{config.host}:{config.port}"
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         await repository.stop(0)
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
@@ -113,7 +129,23 @@ async def create_server(
         metrics_server, metrics_port = metrics.start_http_server(
             config.metrics_port, config.metrics_host
         )
-    log.info("serving %s on %s:%d", [m.name for m in repository.models()], config.host, port)
+    log.info(
+        "serving %s on %s:%d (%s, %s)",
+        [m.name for m in repository.models()],
+        config.host,
+        port,
+        "TLS" if credentials else "plaintext",
+        f"{len(tokens)} bearer token(s)" if tokens else "no authentication",
+    )
     return RunningServer(
-        server, port, metrics_port, repository, metrics, state, health_servicer, metrics_server
+        server,
+        port,
+        metrics_port,
+        repository,
+        metrics,
+        state,
+        health_servicer,
+        metrics_server,
+        tls=credentials is not None,
+        authenticated=bool(tokens),
     )

@@ -22,6 +22,10 @@ class ServerConfig:
     grace_period_s: float = 10.0  # SIGTERM: in-flight requests get this long to finish
     max_message_bytes: int = 16 * 1024 * 1024  # largest gRPC message in either direction
     log_level: str = "INFO"
+    tls_cert: str | None = None  # PEM certificate (chain): the gRPC port speaks TLS
+    tls_key: str | None = None  # PEM private key of tls_cert (unencrypted)
+    tls_client_ca: str | None = None  # PEM CA: clients must show a certificate it signed (mTLS)
+    auth_token_file: str | None = None  # accepted bearer tokens, one a line (see serving.security)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -32,6 +36,11 @@ class ServerConfig:
             raise ValueError("grace_period_s must be >= 0")
         if self.max_message_bytes < 1024:
             raise ValueError("max_message_bytes must be >= 1024")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            given, missing = ("tls_cert", "tls_key") if self.tls_cert else ("tls_key", "tls_cert")
+            raise ValueError(f"{given} is set but {missing} is not; TLS needs both (or neither)")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
 
 
 def load_server_config(path: str | Path | None, overrides: dict[str, Any]) -> ServerConfig:
