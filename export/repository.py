@@ -12,12 +12,14 @@ from typing import Any
 from export.errors import DestinationError
 from export.sources import LoadedSource
 from serving.model_config import (
+    MODEL_NAME_RULE,
     Batching,
     DecoderSpec,
     ImageSpec,
     Limits,
     ModelConfig,
     OnnxRuntimeOptions,
+    is_valid_model_name,
     write_model_config,
 )
 
@@ -32,8 +34,8 @@ def prepare_version_dir(repository: Path, name: str, version: int, force: bool) 
     """
     if version < 1:
         raise DestinationError(f"--version must be >= 1, got {version}")
-    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise DestinationError(f"model name {name!r} must be a plain folder name")
+    if not is_valid_model_name(name):
+        raise DestinationError(f"model name {name[:100]!r} is not valid: use {MODEL_NAME_RULE}")
     version_dir = repository / name / str(version)
     if version_dir.exists():
         if not force:

@@ -10,6 +10,7 @@ Written by the export package, read by the server. Layout of a repository entry:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -21,6 +22,19 @@ MANIFEST_FILE = "manifest.json"
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 CLASSIFIER_FILE = "model.onnx"
+
+# A model name is a plain folder name: it can never be a path, hidden, empty or absurdly long.
+MAX_MODEL_NAME_LENGTH = 128
+MODEL_NAME_RULE = (
+    f"1-{MAX_MODEL_NAME_LENGTH} characters of ASCII letters, digits, '.', '_' and '-', "
+    "starting with a letter or digit"
+)
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def is_valid_model_name(name: str) -> bool:
+    """Whether ``name`` follows ``MODEL_NAME_RULE`` (so it cannot escape the repository)."""
+    return len(name) <= MAX_MODEL_NAME_LENGTH and _MODEL_NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -133,7 +147,11 @@ def write_model_config(config: ModelConfig, entry: str | Path) -> Path:
 
 def version_dirs(entry: str | Path) -> list[int]:
     """The numeric version folders of an entry, ascending."""
-    return sorted(int(p.name) for p in Path(entry).iterdir() if p.is_dir() and p.name.isdigit())
+    return sorted(
+        int(p.name)
+        for p in Path(entry).iterdir()
+        if p.is_dir() and p.name.isascii() and p.name.isdigit()
+    )
 
 
 def resolve_version(entry: str | Path, version: int | None = None) -> Path:

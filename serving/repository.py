@@ -7,14 +7,16 @@ from pathlib import Path
 
 from serving.backends.base import Backend, BackendError
 from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.errors import NotFound
+from serving.errors import InvalidArgument, NotFound
 from serving.metrics import ServingMetrics
 from serving.model_config import (
     CLASSIFIER_FILE,
     CONFIG_FILE,
     DECODER_FILE,
     ENCODER_FILE,
+    MODEL_NAME_RULE,
     ModelConfig,
+    is_valid_model_name,
     read_model_config,
     resolve_version,
 )
@@ -64,8 +66,9 @@ class ModelRepository:
         """Load every entry (or only ``names``) of the repository at ``root``.
 
         Raises:
-            RepositoryError: a missing repository, a requested name that is not there, or an
-                entry whose config or graphs are broken (named, with the cause).
+            RepositoryError: a missing repository, a requested name that is not there, an entry
+                whose folder name is not a valid model name, or an entry whose config or graphs
+                are broken (named, with the cause).
         """
         root = Path(root)
         if not root.is_dir():
@@ -83,6 +86,12 @@ class ModelRepository:
             raise RepositoryError(f"{root} holds no models (no */config.yaml)")
         models = {}
         for entry in entries:
+            if not is_valid_model_name(entry.name):
+                raise RepositoryError(
+                    f"cannot serve {entry}: the folder name {entry.name[:100]!r} is not a valid "
+                    f"model name ({MODEL_NAME_RULE}); rename the folder and the `name` in its "
+                    "config.yaml"
+                )
             try:
                 config = read_model_config(entry)
                 if config.name != entry.name:
@@ -102,8 +111,14 @@ class ModelRepository:
         """The served model called ``name``.
 
         Raises:
+            InvalidArgument: ``name`` cannot be a model name (a path, empty, too long, ...).
             NotFound: listing the models this server has.
         """
+        if not is_valid_model_name(name):
+            raise InvalidArgument(
+                f"{name[:100]!r} is not a model name: model names are {MODEL_NAME_RULE}; "
+                "ListModels lists the served ones"
+            )
         model = self._models.get(name)
         if model is None:
             known = ", ".join(sorted(self._models)) or "none"
