@@ -20,7 +20,6 @@ from serving.security import BearerTokenInterceptor, accepted_tokens, server_cre
 from serving.server_config import ServerConfig
 from serving.services.attnserve import AttnServeServicer
 from serving.services.common import ServerState
-from serving.services.parsing import StrictParsing
 from serving.services.kserve import KServeServicer
 
 log = logging.getLogger(__name__)
@@ -96,11 +95,7 @@ async def create_server(
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    # StrictParsing first: it wraps whatever the later interceptors return (an auth rejection
-    # has no deserializer and is left alone), so unparsable requests get INVALID_ARGUMENT.
-    interceptors: list[grpc.aio.ServerInterceptor] = [StrictParsing()]
-    if tokens:
-        interceptors.append(BearerTokenInterceptor(tokens))
+    interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
     state = ServerState()
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
