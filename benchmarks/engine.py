@@ -346,6 +346,7 @@ class AttnServeRunner(Runner):
             config={
                 "onnxruntime": onnxruntime.__version__,
                 "intra_op_threads": threads,
+                "allow_spinning": True,
                 "providers": list(providers),
                 "entry": str(entry),
             },
@@ -355,7 +356,10 @@ class AttnServeRunner(Runner):
             and "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-        options = OnnxRuntimeOptions(intra_op_threads=threads, execution_providers=providers)
+        # The engine alone on the machine: idle threads may spin (the server turns that off).
+        options = OnnxRuntimeOptions(
+            intra_op_threads=threads, execution_providers=providers, allow_spinning=True
+        )
         try:
             backend = OnnxRuntimeBackend(resolve_version(entry), graph_files(config), options)
         except BackendError as err:

@@ -102,6 +102,9 @@ class OnnxRuntimeOptions:
     intra_op_threads: int = 0  # 0 = ONNX Runtime's default (all physical cores)
     execution_providers: tuple[str, ...] = ("CPUExecutionProvider",)  # tried in order
     graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    # Idle intra-op threads busy-wait for the next parallel section. Off by default in a server:
+    # the spinning threads take the cores the gRPC event loop needs between decode steps.
+    allow_spinning: bool = False
 
 
 @dataclass(frozen=True)

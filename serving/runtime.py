@@ -7,6 +7,7 @@ validation lives here, so both APIs reject bad input with the same status and me
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator
@@ -64,6 +65,38 @@ class LabelScore:
     label: str
     index: int
     score: float
+
+
+class IncrementalDetokenizer:
+    """Text deltas of a growing token sequence, decoding only a short window each time.
+
+    A token may end inside a character or word piece; its text is held back until a later token
+    settles it (the prefix/read offsets of text-generation-inference's streaming decoder).
+    """
+
+    def __init__(self, tokenizer: SubwordTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.prefix_offset = 0  # start of the window decoded for context
+        self.read_offset = 0  # tokens before this are already in the emitted text
+        self.text = ""  # everything emitted
+
+    def add(self, ids: list[int]) -> str:
+        """Append ``ids``; the newly settled text."""
+        self.tokens.extend(ids)
+        prefix = self.tokenizer.decode(self.tokens[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.tokens[self.prefix_offset :])
+        if len(full) <= len(prefix) or full.endswith("\ufffd") or not full.startswith(prefix):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.tokens)
+        delta = full[len(prefix) :]
+        self.text += delta
+        return delta
+
+    def rest(self, final_text: str) -> str:
+        """What the deltas so far lack of ``final_text`` (text held back at the end)."""
+        return final_text[len(self.text) :] if final_text.startswith(self.text) else ""
 
 
 class ServedModel:
@@ -133,6 +166,19 @@ class ServedModel:
         return scheduler is not None and scheduler.running
 
     # --- input validation -----------------------------------------------------------------------
+    @functools.cached_property
+    def max_source_chars(self) -> int:
+        """Texts longer than this cannot fit ``max_source_length`` tokens, so they are refused
+        before tokenizing (megabytes of text would hold the event loop for seconds): no token
+        covers more characters than the longest vocabulary entry, and NFC normalisation shortens
+        a text at most about 3x (4x here, for margin)."""
+        assert self.tokenizer is not None
+        longest = max(
+            (len(self.tokenizer.id_to_token(i)) for i in range(self.tokenizer.vocab_size)),
+            default=1,
+        )
+        return 4 * max(1, longest) * self.config.limits.max_source_length
+
     def source_ids(self, text: str, language: str) -> np.ndarray:
         """Token ids of a tagged source text.
 
@@ -147,10 +193,15 @@ class ServedModel:
         languages = self.config.languages
         if languages and language not in languages:
             raise InvalidArgument(
-                f"target_language {language!r} is not supported by {self.name!r}; "
+                f"target_language {language[:40]!r} is not supported by {self.name!r}; "
                 f"choose one of: {', '.join(languages)}"
             )
         assert self.tokenizer is not None
+        if len(text) > self.max_source_chars:  # surely too long: refuse without tokenizing
+            raise ResourceExhausted(
+                f"the text is {len(text)} characters long; model {self.name!r} accepts at most "
+                f"{self.config.limits.max_source_length} source tokens: split it into shorter texts"
+            )
         tagged = f"<2{language}> {text}" if languages else text
         ids = self.tokenizer.encode(tagged)
         limit = self.config.limits.max_source_length
@@ -237,23 +288,29 @@ class ServedModel:
         return self._generated(final, request, first_token)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | Generated]:
-        """Text deltas as tokens arrive, then the final ``Generated``."""
-        assert self.tokenizer is not None
-        tokens: list[int] = []
-        text = ""
+        """Text deltas as tokens arrive, then the final ``Generated``.
+
+        Tokens that arrived together (the caller fell behind the decode loop) go out as one
+        delta, so a slow stream costs fewer messages instead of falling further behind.
+        """
+        assert self.engine is not None and self.tokenizer is not None
+        text = IncrementalDetokenizer(self.tokenizer)
         first_token: float | None = None
-        async for event in self.events(request):
-            if isinstance(event, TokenEvent):
+        async for chunk in self.engine.generate_chunks(request):
+            tokens = [e for e in chunk if isinstance(e, TokenEvent)]
+            if tokens:
                 if first_token is None:
                     first_token = time.monotonic() - request.arrival
-                tokens.append(event.token_id)
-                decoded = self.tokenizer.decode(tokens)
-                # A token may end inside a word: emit only the settled prefix's growth.
-                delta = decoded[len(text) :] if decoded.startswith(text) else decoded
-                text = decoded if decoded.startswith(text) else text + delta
-                yield StreamDelta(delta, [event.token_id], event.index)
-            elif isinstance(event, FinishEvent):
-                yield self._generated(event, request, first_token)
+                ids = [e.token_id for e in tokens]
+                yield StreamDelta(text.add(ids), ids, tokens[0].index)
+            final = chunk[-1]
+            if isinstance(final, ErrorEvent):
+                raise final.error
+            if isinstance(final, FinishEvent):
+                result = self._generated(final, request, first_token)
+                if rest := text.rest(result.text):
+                    yield StreamDelta(rest, [], len(final.tokens))
+                yield result
 
     def _generated(
         self, final: FinishEvent, request: GenerationRequest, first_token: float | None

@@ -20,7 +20,7 @@ _OPTIMIZATION = {
 
 
 def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:
-    """SessionOptions for the configured threads and optimisation level."""
+    """SessionOptions for the configured threads, spinning and optimisation level."""
     so = ort.SessionOptions()
     so.graph_optimization_level = _OPTIMIZATION[options.graph_optimization]
     if options.intra_op_threads:
@@ -28,6 +28,9 @@ def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3  # errors only: warnings about unused initialisers are noise
+    spinning = "1" if options.allow_spinning else "0"
+    so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+    so.add_session_config_entry("session.inter_op.allow_spinning", spinning)
     return so
 
 

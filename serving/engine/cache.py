@@ -68,14 +68,23 @@ class BatchKVCache:
     def keep_rows(self, rows: np.ndarray) -> None:
         """Keep only ``rows`` (in this order): leaving rows free their cache at once.
 
-        Also serves beam search: repeating a parent row index copies its cache.
+        Also serves beam search: repeating a parent row index copies its cache. Leading columns
+        that only the leaving rows used are cut in the same copy.
         """
         rows = np.asarray(rows, dtype=np.int64)
-        self.past = [p[rows] for p in self.past]
-        self.self_mask = self.self_mask[rows]
-        self.cross = [c[rows] for c in self.cross]
-        self.cross_mask = self.cross_mask[rows]
-        self._trim()
+        if rows.size == 0:
+            self._clear()
+            return
+        self_mask = self.self_mask[rows]
+        used = np.flatnonzero(self_mask.any(axis=0))
+        start = int(used[0]) if used.size else self_mask.shape[1]
+        cross_mask = self.cross_mask[rows]
+        used_src = np.flatnonzero(cross_mask.any(axis=0))
+        width = int(used_src[-1]) + 1 if used_src.size else 0
+        self.past = [p[rows, :, start:] for p in self.past]
+        self.self_mask = self_mask[:, start:]
+        self.cross = [c[rows, :, :width] for c in self.cross]
+        self.cross_mask = cross_mask[:, :width]
 
     def step_mask(self) -> np.ndarray:
         """The self-attention mask for one new token per row: past mask plus a column of ones."""
@@ -86,24 +95,11 @@ class BatchKVCache:
         self.past = presents
         self.self_mask = step_mask
 
-    def _trim(self) -> None:
-        """Drop leading columns that are holes in every row (after the long rows left)."""
-        if self.rows == 0:
-            self.past = [self._empty(0, 0) for _ in range(self.num_kv)]
-            self.self_mask = np.zeros((0, 0), dtype=np.int64)
-            self.cross = [self._empty(0, 0) for _ in range(self.num_kv)]
-            self.cross_mask = np.zeros((0, 0), dtype=np.int64)
-            return
-        used = np.flatnonzero(self.self_mask.any(axis=0))
-        start = int(used[0]) if used.size else self.length
-        if start:
-            self.past = [np.ascontiguousarray(p[:, :, start:]) for p in self.past]
-            self.self_mask = self.self_mask[:, start:]
-        used_src = np.flatnonzero(self.cross_mask.any(axis=0))
-        width = int(used_src[-1]) + 1 if used_src.size else 0
-        if width < self.cross_mask.shape[1]:
-            self.cross = [np.ascontiguousarray(c[:, :, :width]) for c in self.cross]
-            self.cross_mask = self.cross_mask[:, :width]
+    def _clear(self) -> None:
+        self.past = [self._empty(0, 0) for _ in range(self.num_kv)]
+        self.self_mask = np.zeros((0, 0), dtype=np.int64)
+        self.cross = [self._empty(0, 0) for _ in range(self.num_kv)]
+        self.cross_mask = np.zeros((0, 0), dtype=np.int64)
 
 
 def _pad_axis(array: np.ndarray, axis: int, width: int) -> np.ndarray:

@@ -117,12 +117,48 @@ class GenerationRequest:
         return self._queue
 
     def emit(self, event: Event) -> None:
+        """Deliver one event now (outside the decode loop; the loop batches through Outbox)."""
         if self._loop is None or self._queue is None:
             return
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             self._cancelled.set()
+
+
+class Outbox:
+    """Events of one engine iteration, handed to each caller event loop in ONE wake-up.
+
+    A decode step produces a token for every running sequence; waking the callers' loop once
+    per step instead of once per token keeps the cross-thread cost flat in the batch size.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[tuple[GenerationRequest, Event]] = []
+
+    def post(self, request: GenerationRequest, event: Event) -> None:
+        self._items.append((request, event))
+
+    def flush(self) -> None:
+        if not self._items:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[GenerationRequest, Event]]] = {}
+        for request, event in self._items:
+            if request._loop is not None and request._queue is not None:
+                by_loop.setdefault(request._loop, []).append((request, event))
+        self._items = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the callers' loop is closed: nobody is listening any more
+                for request, _ in items:
+                    request.cancel()
+
+
+def _deliver(items: list[tuple[GenerationRequest, Event]]) -> None:
+    for request, event in items:
+        assert request._queue is not None
+        request._queue.put_nowait(event)
 
 
 class _Sequence:
@@ -185,6 +221,7 @@ class InFlightEngine:
         self.cache = BatchKVCache(spec.num_layers, spec.num_heads, spec.head_dim, runner.kv_dtype)
         self.sequences: list[_Sequence] = []
         self._wake = threading.Condition()
+        self._outbox = Outbox()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (tests and benchmarks read it)
@@ -221,6 +258,16 @@ class InFlightEngine:
             Unavailable: the engine is stopping.
             ResourceExhausted: the queue is full.
         """
+        async for chunk in self.generate_chunks(request):
+            for event in chunk:
+                yield event
+
+    async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+        """Like ``generate``, but each item is every event that has arrived since the last one.
+
+        A caller that falls behind the decode loop (a slow stream) gets several tokens at once
+        and can send them as one message.
+        """
         if self._stopping:
             raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
         events = request.attach(asyncio.get_running_loop())
@@ -234,9 +281,11 @@ class InFlightEngine:
             self._wake.notify()
         try:
             while True:
-                event = await events.get()
-                yield event
-                if isinstance(event, FinishEvent | ErrorEvent):
+                chunk = [await events.get()]
+                while not events.empty() and not isinstance(chunk[-1], FinishEvent | ErrorEvent):
+                    chunk.append(events.get_nowait())
+                yield chunk
+                if isinstance(chunk[-1], FinishEvent | ErrorEvent):
                     return
         finally:
             request.cancel()  # a no-op after the final event; frees the rows otherwise
@@ -257,6 +306,8 @@ class InFlightEngine:
                 self._fail_all(Internal(f"model {self.name!r}: {err}"))
             except Exception as err:  # never let the worker die silently: fail the batch instead
                 self._fail_all(Internal(f"model {self.name!r}: {type(err).__name__}: {err}"))
+            finally:
+                self._outbox.flush()
 
     def _iterate(self) -> None:
         self._drop_dead()
@@ -271,19 +322,19 @@ class InFlightEngine:
     def _drop_dead(self) -> None:
         expired, cancelled = self.queue.drop_dead()
         for request in expired:
-            request.emit(ErrorEvent(_deadline_error(self.name)))
+            self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
         for request in cancelled:
-            request.emit(ErrorEvent(Cancelled("the request was cancelled")))
+            self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
         now = self.clock()
         gone = []
         for seq in self.sequences:
             request = seq.request
             if request.is_cancelled():
                 gone.append(seq)
-                request.emit(ErrorEvent(Cancelled("the request was cancelled")))
+                self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
             elif request.deadline is not None and now >= request.deadline:
                 gone.append(seq)
-                request.emit(ErrorEvent(_deadline_error(self.name)))
+                self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
         if gone:
             self._remove(gone)
 
@@ -369,7 +420,7 @@ class InFlightEngine:
             return self._finish(seq, "stop")
         seq.tokens.append(token)
         seq.next_inputs = np.array([token], dtype=np.int64)
-        seq.request.emit(TokenEvent(token, len(seq.tokens) - 1))
+        self._outbox.post(seq.request, TokenEvent(token, len(seq.tokens) - 1))
         if len(seq.tokens) >= seq.max_new or seq.generated >= self._position_limit(seq):
             return self._finish(seq, "length")
         return False
@@ -388,13 +439,14 @@ class InFlightEngine:
             self.metrics.generated_tokens.labels(self.name).inc()
 
     def _finish(self, seq: _Sequence, reason: str) -> bool:
-        seq.request.emit(
+        self._outbox.post(
+            seq.request,
             FinishEvent(
                 reason=reason,
                 tokens=list(seq.tokens),
                 input_tokens=seq.request.source_tokens,
                 queue_seconds=seq.admitted - seq.request.arrival,
-            )
+            ),
         )
         return True
 
@@ -403,9 +455,10 @@ class InFlightEngine:
         best = seq.beam.best()
         top = best[0]
         for index, token in enumerate(top.tokens):
-            seq.request.emit(TokenEvent(token, index))
+            self._outbox.post(seq.request, TokenEvent(token, index))
         reason = "stop" if top.finished else "length"
-        seq.request.emit(
+        self._outbox.post(
+            seq.request,
             FinishEvent(
                 reason=reason,
                 tokens=list(top.tokens),
@@ -413,7 +466,7 @@ class InFlightEngine:
                 alternatives=[(list(h.tokens), float(h.score)) for h in best[1:]],
                 input_tokens=seq.request.source_tokens,
                 queue_seconds=seq.admitted - seq.request.arrival,
-            )
+            ),
         )
         return True
 
@@ -430,7 +483,7 @@ class InFlightEngine:
     def _fail_all(self, error: Exception) -> None:
         """A backend failure fails the requests of this batch only; later ones run normally."""
         for seq in self.sequences:
-            seq.request.emit(ErrorEvent(error))
+            self._outbox.post(seq.request, ErrorEvent(error))
         self._remove(list(self.sequences))
         self._gauges()
 

@@ -186,6 +186,10 @@ class RowSampler:
         Raises:
             ValueError: ``logits_row`` is not 1-D or ``eos_id`` is not a valid index into it.
         """
+        if self.options.temperature == 0 and logits_row.ndim == 1:
+            token = self._greedy(logits_row, generated)
+            if token is not None:
+                return token
         x = clean_logits(logits_row)
         if x.ndim != 1 or not 0 <= self.eos_id < x.size:
             raise ValueError(
@@ -204,6 +208,23 @@ class RowSampler:
             top_p=self.options.top_p,
         )
         return draw(filtered, self.rng)
+
+    def _greedy(self, logits_row: np.ndarray, generated: int) -> int | None:
+        """Greedy choice without the float64 copy; None where the general path must decide.
+
+        ``np.argmax`` already takes the lowest id on ties and the first +inf; only a NaN winner
+        (NaN compares above everything in argmax) or an EOS that must be suppressed needs the
+        cleaned copy.
+        """
+        if not 0 <= self.eos_id < logits_row.size:
+            return None
+        token = int(np.argmax(logits_row))
+        best = logits_row[token]
+        if np.isnan(best) or (token == self.eos_id and generated < self.options.min_new_tokens):
+            return None
+        if best == -np.inf:  # every logit is -inf: end the sequence
+            return self.eos_id
+        return token
 
 
 def _check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:

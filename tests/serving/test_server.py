@@ -75,7 +75,9 @@ def test_translate_stream_matches_unary(shipped: ServerThread) -> None:
     with AttnServeClient(shipped.address) as client:
         unary = client.translate([text], to="fr")[0]
     tokens = [m for m in messages if m.token_ids]
-    assert [m.index for m in tokens] == list(range(len(tokens)))
+    # Each message's index is the number of tokens sent before it (several may share a message).
+    sent_before = [sum(len(m.token_ids) for m in tokens[:i]) for i in range(len(tokens))]
+    assert [m.index for m in tokens] == sent_before
     assert [t for m in tokens for t in m.token_ids] == unary.token_ids
     assert "".join(m.delta for m in messages) == unary.text
     assert messages[-1].finish_reason == pb.FINISH_REASON_STOP
@@ -158,14 +160,14 @@ def test_reflection_lists_the_services(shipped: ServerThread) -> None:
 # --- scheduling, cancellation, metrics (tiny random models) -----------------------------------
 def test_concurrent_streams_are_batched(tiny: ServerThread) -> None:
     def stream(i: int) -> int:
-        """Token messages of one stream (random weights: the text may be empty)."""
+        """Tokens of one stream (random weights: the text may be empty)."""
         stub = pb_grpc.AttnServeStub(grpc.insecure_channel(tiny.address))
         request = pb.TranslateStreamRequest(
             text=f"{i} three",
             target_language="de",
             options=pb.DecodingOptions(max_new_tokens=12, min_new_tokens=12),
         )
-        return sum(1 for m in stub.TranslateStream(request, timeout=60) if m.token_ids)
+        return sum(len(m.token_ids) for m in stub.TranslateStream(request, timeout=60))
 
     before = sample(metrics(tiny), "attnserve_batch_size_count", stage="decoder_step")
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
@@ -350,7 +352,7 @@ def test_serve_process_drains_on_sigterm(tiny_repository: Path) -> None:
     )
     try:
         line = ""
-        while "serving" not in line:
+        while not line.startswith("attnserve serving"):
             line = process.stdout.readline()
             assert line, "the server exited before serving"
         port = int(re.search(r":(\d+)\s*$", line.strip()).group(1))
