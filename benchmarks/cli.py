@@ -113,6 +113,11 @@ def add_parsers(subparsers: Any) -> None:
         help="markdown file to write (default RESULTS/README-table.md)",
     )
     report.add_argument(
+        "--readme",
+        type=Path,
+        help="also splice the tables into this README between its bench-report markers",
+    )
+    report.add_argument(
         "--include-tiny",
         action="store_true",
         help="also consider --tiny results (otherwise only when no full result exists)",
@@ -194,11 +199,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from benchmarks.report import write_report
+    from benchmarks.report import update_readme, write_report
 
     out = args.out or args.results / "README-table.md"
     path = write_report(args.results, out, include_tiny=args.include_tiny)
     print(path)
+    if args.readme is not None:
+        print(update_readme(args.results, args.readme, include_tiny=args.include_tiny))
     return 0
 
 

@@ -3,12 +3,15 @@
 Reads the newest ``engine-*.json`` and ``serve-*.json`` of a results folder (full runs; ``--tiny``
 runs only when no full run exists or when asked), validates them, and writes markdown: the
 machine, the engine comparison (tokens/s, ms per step, ratios, fraction of peak), the serving
-goals with pass / fail, and a closed-loop summary. The lead pastes or links the file.
+goals with pass / fail, and a closed-loop summary. `--readme README.md` splices the tables
+between the README's markers.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +277,31 @@ def write_report(results: Path, out: Path, include_tiny: bool = False) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     return out
+
+
+README_BEGIN = "<!-- attnserve bench report: begin (generated; edit the JSON, not this) -->"
+README_END = "<!-- attnserve bench report: end -->"
+
+
+def update_readme(results: Path, readme: Path, include_tiny: bool = False) -> Path:
+    """Replace the text between the README's bench-report markers with the latest tables.
+
+    Plot links are rewritten relative to the README. The section's own heading is dropped: the
+    README keeps its heading above the markers.
+
+    Raises:
+        BenchError: the README lacks the markers, or there are no results.
+    """
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise BenchError(
+            f"{readme} has no bench-report markers; put these two lines where the tables go:\n"
+            f"{README_BEGIN}\n{README_END}"
+        )
+    prefix = os.path.relpath(results.resolve(), readme.resolve().parent)
+    body = render(results, include_tiny).split("\n", 2)[2]  # without "## Benchmark results"
+    body = re.sub(r"!\[([^\]]*)\]\(([^)/]+)\)", lambda m: f"![{m[1]}]({prefix}/{m[2]})", body)
+    head, rest = text.split(README_BEGIN, 1)
+    _, tail = rest.split(README_END, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{body}{README_END}{tail}")
+    return readme

@@ -148,6 +148,27 @@ def test_report_renders_the_latest_results(engine_json: Path, serve_json: Path) 
     assert "Machine: " in text
 
 
+def test_report_splices_the_readme(engine_json: Path, serve_json: Path, tmp_path: Path) -> None:
+    from benchmarks.report import README_BEGIN, README_END
+
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        f"# Title\n\n## Benchmarks\n\n{README_BEGIN}\nold table\n{README_END}\n\nafter\n"
+    )
+    bench("report", "--results", str(engine_json.parent), "--readme", str(readme))
+    text = readme.read_text()
+    assert "old table" not in text and text.endswith(f"{README_END}\n\nafter\n")
+    assert "| attnserve ONNX Runtime fp32 |" in text and "## Benchmark results" not in text
+    links = [line for line in text.splitlines() if line.startswith("![")]
+    assert links
+    for line in links:  # plot links resolve from the README's folder
+        target = line[line.index("(") + 1 : -1]
+        assert (readme.parent / target).is_file(), target
+    readme.write_text("# no markers\n")
+    with pytest.raises(schema.BenchError, match="markers"):
+        bench("report", "--results", str(engine_json.parent), "--readme", str(readme))
+
+
 def test_schema_rejects_malformed_results(engine_json: Path, serve_json: Path) -> None:
     engine = json.loads(engine_json.read_text())
     serve = json.loads(serve_json.read_text())
