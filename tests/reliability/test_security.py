@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+from serving.schema import SchemaError
 from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV, SecurityConfigError
-from serving.server_config import ServerConfig
+from serving.server_config import ServerConfig, load_server_config
 from tests.reliability.tls_files import TlsFiles, make_tls_files
 from tests.serving.server_thread import ServerThread
 
@@ -65,6 +67,17 @@ def test_tls_needs_both_cert_and_key() -> None:
         ServerConfig(tls_client_ca="ca.pem")
 
 
+def test_security_fields_come_from_the_config_file_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text("tls_cert: a.pem\ntls_key: a.key\nauth_token_file: null\n")
+    config = load_server_config(path, {"auth_token_file": "tokens.txt", "tls_client_ca": None})
+    assert (config.tls_cert, config.tls_key, config.tls_client_ca) == ("a.pem", "a.key", None)
+    assert config.auth_token_file == "tokens.txt"
+    path.write_text("tls_key: a.key\n")
+    with pytest.raises(SchemaError, match="tls_key is set but tls_cert is not"):
+        load_server_config(path, {})
+
+
 def refusal(repository: Path, **config: str) -> str:
     """The SecurityConfigError message a server start with ``config`` fails with."""
     with pytest.raises(SecurityConfigError) as err, ServerThread(repository, **config):
@@ -85,6 +98,14 @@ def test_missing_or_mismatched_tls_files_stop_the_start(
     assert message == f"client CA (tls_client_ca) {tmp_path} is a directory, not a file"
     message = refusal(tiny_repository, tls_cert=cert, tls_key=key, tls_client_ca=key)
     assert "holds no PEM certificate" in message
+    encrypted = tmp_path / "encrypted.key"
+    subprocess.run(
+        ["openssl", "pkey", "-in", key, "-aes256", "-passout", "pass:secret", "-out", encrypted],
+        check=True,
+        capture_output=True,
+    )
+    message = refusal(tiny_repository, tls_cert=cert, tls_key=str(encrypted))
+    assert message == "the TLS private key is encrypted; grpc needs an unencrypted key"
 
 
 @pytest.mark.parametrize(
