@@ -192,3 +192,19 @@ def test_schema_rejects_malformed_results(engine_json: Path, serve_json: Path) -
     del missing["machine"]
     with pytest.raises(schema.ResultSchemaError, match="machine"):
         schema._check(missing, schema.ENGINE_SCHEMA, "$", "engine")
+
+
+def test_ort_profile_shares_the_decoder_time(engine_json: Path, cache_dir: Path, tmp_path: Path):
+    """The profile the engine goals' gaps are explained with: operator shares of a decode step."""
+    from benchmarks import ort_profile
+
+    argv = ["--tiny", "--batch", "1", "3", "--cache", str(cache_dir), "--out", str(tmp_path)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert ort_profile.main(argv) == 0
+    (path,) = tmp_path.glob("ort-profile-fp32-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert [b["batch"] for b in result["batches"]] == [1, 3]
+    for batch in result["batches"]:
+        assert batch["decoder_runs"] == result["new_tokens"]
+        assert "MatMul" in batch["op_share"]
+        assert sum(batch["op_share"].values()) == pytest.approx(1.0, abs=0.01)
