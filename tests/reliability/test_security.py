@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from serving.server_config import ServerConfig, load_server_config
 from tests.reliability.tls_files import TlsFiles, make_tls_files
 from tests.serving.server_thread import ServerThread
 
+HEALTHCHECK = Path(__file__).resolve().parents[2] / "deploy" / "healthcheck.py"
 TOKEN = secrets.token_urlsafe(24)
 OTHER_TOKEN = secrets.token_urlsafe(24)
 
@@ -248,6 +250,16 @@ def test_health_and_reflection_need_no_token(secured: ServerThread, tls: TlsFile
         response = next(iter(reflection.ServerReflectionInfo(iter([request]), timeout=10)))
         names = {s.name for s in response.list_services_response.service}
         assert "attnserve.v1.AttnServe" in names
+
+
+def test_the_docker_healthcheck_probes_over_tls_without_a_token(
+    secured: ServerThread, tls: TlsFiles
+) -> None:
+    probe = [sys.executable, str(HEALTHCHECK), "--address", secured.address]
+    result = subprocess.run([*probe, "--tls-ca", str(tls.ca)], capture_output=True, text=True)
+    assert result.returncode == 0 and "SERVING" in result.stdout, result.stdout + result.stderr
+    plaintext = subprocess.run([*probe, "--timeout", "2"], capture_output=True, text=True)
+    assert plaintext.returncode == 1, plaintext.stdout
 
 
 def test_tokens_from_the_environment(
