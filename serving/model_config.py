@@ -58,7 +58,10 @@ class Batching:
     """Triton-style dynamic batching (one-shot work) and in-flight batching (decoding)."""
 
     max_batch_size: int = 32  # requests merged into one call
-    max_queue_delay_us: int = 2000  # how long the first request waits for batch-mates
+    # How long the first queued request waits for batch-mates. 0 (Triton's default too): a batch
+    # leaves as soon as the model is free, and requests that arrive while it runs form the next
+    # one, so batches grow with load without delaying a lone request.
+    max_queue_delay_us: int = 0
     max_queue_size: int = 256  # queued requests beyond this get RESOURCE_EXHAUSTED
     timeout_ms: int = 30_000  # per-request deadline when the client sets none
     in_flight: bool = True  # seq2seq: new sequences join the running decode batch between steps

@@ -172,7 +172,10 @@ def test_vit_entry_is_a_triton_model(tmp_path: Path) -> None:
     assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 32
     assert list(config.input[0].dims) == [3, 32, 32] and config.input[0].name == "pixel_values"
     assert list(config.output[0].dims) == [10] and config.output[0].name == "logits"
-    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    from serving.model_config import read_model_config
+
+    batching = read_model_config(tmp_path / "vit").batching
+    assert config.dynamic_batching.max_queue_delay_microseconds == batching.max_queue_delay_us
     assert (tmp_path / "vit" / "1" / "model.onnx").is_file()  # Triton's NAME/VERSION layout
     assert len((tmp_path / "vit" / "labels.txt").read_text().split()) == 10
 
