@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from serving.metrics import MetricsServer, ServingMetrics
@@ -20,7 +20,9 @@ from serving.security import BearerTokenInterceptor, accepted_tokens, server_cre
 from serving.server_config import ServerConfig
 from serving.services.attnserve import AttnServeServicer
 from serving.services.common import ServerState
+from serving.services.health import HealthServicer
 from serving.services.kserve import KServeServicer
+from serving.services.parsing import StrictParsing
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,11 @@ async def create_server(
         ("grpc.max_send_message_length", config.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ]
-    interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+    # StrictParsing first: it wraps whatever the later interceptors return (an auth rejection
+    # has no deserializer and is left alone), so unparsable requests get INVALID_ARGUMENT.
+    interceptors: list[grpc.aio.ServerInterceptor] = [StrictParsing()]
+    if tokens:
+        interceptors.append(BearerTokenInterceptor(tokens))
     server = grpc.aio.server(options=options, interceptors=interceptors)
     state = ServerState()
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
@@ -104,7 +110,7 @@ async def create_server(
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
         KServeServicer(repository, metrics, state), server
     )
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, reflection.SERVICE_NAME), server, pool=_reflection_pool()
