@@ -289,7 +289,7 @@ def _from_contents(
         if wide.size and (wide.min() < info.min or wide.max() > info.max):
             raise InvalidArgument(
                 f"{what} is {datatype} but contents.{field} holds values outside "
-                f"{info.min}..{info.max}"
+                f"{info.min}..{info.max}: send values in that range or use a wider datatype"
             )
         return wide.astype(dtype).reshape(shape)
     return np.asarray(list(values), dtype=dtype).reshape(shape)

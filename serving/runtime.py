@@ -241,10 +241,24 @@ class ServedModel:
         return pixels.astype(self.float_dtype)
 
     def options(self, options: DecodingOptions) -> DecodingOptions:
-        """Validate decoding options against this model's limits (raises InvalidArgument)."""
+        """Validate decoding options against this model's limits.
+
+        Raises:
+            InvalidArgument: a bad option.
+            ResourceExhausted: more beams than the decode batch has rows (such a request could
+                never be admitted: it would wait until its deadline).
+        """
         if self.engine is None:
             raise InvalidArgument(f"model {self.name!r} does not generate text")
-        return options.validate(self.config.limits.max_new_tokens)
+        checked = options.validate(self.config.limits.max_new_tokens)
+        rows = self.engine.queue.limits.max_rows
+        if checked.beam_size > rows:
+            raise ResourceExhausted(
+                f"beam_size {checked.beam_size} needs {checked.beam_size} decode rows; model "
+                f"{self.name!r} runs at most {rows} (batching.max_active_sequences): ask for "
+                f"beam_size 1..{rows}"
+            )
+        return checked
 
     # --- generation -----------------------------------------------------------------------------
     def request(
