@@ -17,6 +17,7 @@ from serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
 
+DEADLINE_TOLERANCE_S = 0.005  # a cancellation this close to the deadline counts as expiry
 UNKNOWN_MODEL = "unknown"  # metrics label for names no model has (keeps label cardinality bounded)
 
 
@@ -66,6 +67,15 @@ async def _abort(context: grpc.aio.ServicerContext, err: BaseException) -> str:
     return "INTERNAL"  # unreachable: abort raises
 
 
+def ended_early(context: grpc.aio.ServicerContext) -> str:
+    """The status of a call that ended before its handler did: the client cancelled it, or its
+    deadline passed (grpc cancels the handler at the deadline; the client's own timer may fire
+    a hair earlier and cancel first, hence the few milliseconds of tolerance)."""
+    remaining = context.time_remaining()
+    expired = remaining is not None and remaining <= DEADLINE_TOLERANCE_S
+    return "DEADLINE_EXCEEDED" if expired else "CANCELLED"
+
+
 @contextlib.asynccontextmanager
 async def served_call(
     servicer: Servicer, method: str, model: str, context: grpc.aio.ServicerContext
@@ -76,8 +86,8 @@ async def served_call(
     try:
         servicer.state.check_serving()
         yield
-    except asyncio.CancelledError:
-        code = "CANCELLED"
+    except (asyncio.CancelledError, GeneratorExit):  # GeneratorExit: a stream closed early
+        code = ended_early(context)
         raise
     except Exception as err:
         code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
@@ -108,8 +118,13 @@ def streaming(method: str, model_of: Callable[[Any], str]) -> Callable:
         async def handler(
             self: Servicer, request: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            async with served_call(self, method, model_of(request), context):
-                async for message in fn(self, request, context):
+            # aclosing: a stream the client abandons is closed now (its engine request
+            # cancelled, its cache rows freed), not whenever the generator is collected.
+            async with (
+                served_call(self, method, model_of(request), context),
+                contextlib.aclosing(fn(self, request, context)) as messages,
+            ):
+                async for message in messages:
                     yield message
 
         return handler

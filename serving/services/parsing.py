@@ -11,6 +11,7 @@ the first broken one aborts the stream.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -48,13 +49,22 @@ async def _result(value: Any) -> Any:
 
 
 async def _responses(value: Any) -> AsyncIterator[Any]:
-    """The messages of a streaming behavior: async generator, sync iterator or coroutine."""
+    """The messages of a streaming behavior: async generator, sync iterator or coroutine.
+
+    Use it under ``contextlib.aclosing``: closing it closes ``value`` too, at once (a stream
+    the client abandons must stop its work now, not when the generator is collected).
+    """
     if inspect.isawaitable(value):  # a coroutine writing with context.write()
         await value
         return
     if hasattr(value, "__aiter__"):
-        async for message in value:
-            yield message
+        try:
+            async for message in value:
+                yield message
+        finally:
+            close = getattr(value, "aclose", None)
+            if close is not None:
+                await close()
         return
     for message in value or ():
         yield message
@@ -97,8 +107,9 @@ def strict(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler
                 request = _parse(parse, raw, method)
             except Unparsable as err:
                 await _abort(context, err)
-            async for message in _responses(inner_us(request, context)):
-                yield message
+            async with contextlib.aclosing(_responses(inner_us(request, context))) as messages:
+                async for message in messages:
+                    yield message
 
         return grpc.unary_stream_rpc_method_handler(unary_stream, None, serialize)
     if handler.stream_unary is not None:
@@ -116,8 +127,9 @@ def strict(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler
     async def stream_stream(raws: Any, context: grpc.aio.ServicerContext) -> AsyncIterator:
         requests = _parsed_stream(raws, parse, method)
         try:
-            async for message in _responses(inner_ss(requests, context)):
-                yield message
+            async with contextlib.aclosing(_responses(inner_ss(requests, context))) as messages:
+                async for message in messages:
+                    yield message
         except Unparsable as err:
             await _abort(context, err)
 
