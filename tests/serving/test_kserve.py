@@ -524,16 +524,20 @@ def test_tritonclient_stream(triton) -> None:
             request_id="s1",
             parameters={"target_language": "de", "min_new_tokens": 2, "max_new_tokens": 3},
         )
-        deltas = []
+        deltas, token_ids = [], []
         while True:
             result, error = results.get(timeout=TIMEOUT)
             assert error is None, error
             response = result.get_response()
             assert response.id == "s1"
             deltas.append(result.as_numpy("translation")[0])
+            token_ids.extend(result.as_numpy("token_ids").ravel().tolist())
             if response.parameters["triton_final_response"].bool_param:
                 break
-        assert 3 <= len(deltas) <= 4 and deltas[-1] == b""
+        # Tokens that are ready together may share a response, text held back at the end comes
+        # in one more (no token ids); the last response only ends the stream.
+        assert 2 <= len(deltas) <= 5 and deltas[-1] == b""
+        assert 2 <= len(token_ids) <= 3
     finally:
         client.stop_stream()
 
