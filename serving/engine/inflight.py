@@ -340,7 +340,13 @@ class InFlightEngine:
 
     def _admit(self, joiners: list[GenerationRequest]) -> None:
         started = self.clock()
-        encoded = self._encode(joiners)
+        try:
+            encoded = self._encode(joiners)
+        except Exception as err:  # this encoder batch fails alone; the decode batch goes on
+            cause = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
+            for request in joiners:  # they left the queue: an event is all they will ever get
+                self._outbox.post(request, ErrorEvent(Internal(f"model {self.name!r}: {cause}")))
+            return
         rows_per = [request.rows for request in joiners]
         repeat = np.repeat(np.arange(len(joiners)), rows_per)
         cross = [c[repeat] for c in encoded.cross]
