@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -158,6 +159,7 @@ class ServeProcess:
         self.port = 0
         self.metrics_port: int | None = None
         self.output: list[str] = []
+        self._reader: threading.Thread | None = None
 
     def start(self, timeout: float = 120) -> ServeProcess:
         self.process = subprocess.Popen(
@@ -179,8 +181,20 @@ class ServeProcess:
                 self.port = int(match.group(1))
                 metrics = re.search(r"metrics on [^\s,]+:(\d+)", line)
                 self.metrics_port = int(metrics.group(1)) if metrics else None
+                self._reader = threading.Thread(target=self._read, daemon=True)
+                self._reader.start()
                 return self
         raise RuntimeError("the server did not start in time:\n" + "".join(self.output))
+
+    def _read(self) -> None:
+        """Keep reading the output (a full pipe would block the server)."""
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+
+    def saw(self, text: str, timeout: float) -> bool:
+        """Wait until the output holds ``text``."""
+        return wait_until(lambda: text in "".join(self.output), timeout, interval=0.005)
 
     @property
     def address(self) -> str:
@@ -196,10 +210,11 @@ class ServeProcess:
         self.process.send_signal(signal.SIGTERM)
 
     def wait(self, timeout: float) -> tuple[int, str]:
-        """Wait for the exit; its code and the rest of its output."""
-        assert self.process is not None and self.process.stdout is not None
+        """Wait for the exit; its code and all its output."""
+        assert self.process is not None
         code = self.process.wait(timeout=timeout)
-        self.output.append(self.process.stdout.read())
+        if self._reader is not None:
+            self._reader.join(timeout=5)
         return code, "".join(self.output)
 
     def stop(self) -> None:
