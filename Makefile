@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run eval test setup system-deps lint fmt clean
+.PHONY: run eval test setup system-deps lint fmt clean fuzz soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,20 @@ eval: $(STAMP)
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra
+
+# Reliability (README "Reliability"): 12,000 fuzz cases over every RPC of a real server (random
+# seeds, the hypothesis database in .hypothesis/ replays failures), then a 10-minute soak of the
+# shipped models (mixed traffic; errors and server RSS growth after warm-up, JSON report).
+FUZZ_EXAMPLES ?= 12000
+SOAK_SECONDS ?= 600
+NOW := $(shell date -u +%Y%m%dT%H%M%SZ)
+fuzz: $(STAMP)
+	ATTNSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ATTNSERVE_FUZZ_SUMMARY=benchmarks/results/fuzz-$(NOW).json \
+		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability/test_fuzz.py
+
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak --duration $(SOAK_SECONDS) --warmup 120 \
+		--out benchmarks/results/soak-$(NOW).json
 
 # Debian tools some tests drive for real: docker-compose (validates docker-compose.yml) and
 # prometheus / promtool (checks the alert rules). Best effort: without root or apt-get those

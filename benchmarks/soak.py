@@ -1,0 +1,475 @@
+"""Soak run: mixed traffic against a real server process for a while; errors and memory growth.
+
+    python -m benchmarks.soak                                   # 10 min, shipped models
+    python -m benchmarks.soak --repository REPO --duration 60 --warmup 20 --out soak.json
+
+Starts ``attnserve serve`` on ``--repository`` (the shipped models exported into
+``model_repository/`` on first use, as ``make run`` does) as a child process, then drives it
+from ``--concurrency`` grpc.aio workers with a mix of Translate (1-3 texts), TranslateStream,
+Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes, translator
+text) calls, every one with a valid request (texts the translator refuses as too long are left
+out of the mix first). Every ``--interval`` seconds it samples the server
+process's resident memory (psutil when installed, else VmRSS from /proc/PID/status).
+
+An error is any call that does not end OK, or a greedy answer that differs from the first
+answer the same input got (every input repeats). RSS growth is measured after the warm-up: the
+median of the samples in the last ``--window`` seconds of the warm-up against the median of
+those in the run's last ``--window`` seconds. The JSON report (stdout, and ``--out``) holds the
+calls and errors per kind, latency percentiles, throughput, RSS samples and growth. Exit code 0
+when there were no errors and the growth is at most ``--max-growth`` (default 0.05).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from serving.kserve_tensors import decode_outputs, input_tensor
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.proto_gen.inference import grpc_service_pb2 as kpb
+from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+
+KINDS = (
+    "translate",
+    "translate_stream",
+    "caption",
+    "caption_stream",
+    "classify",
+    "kserve_vit",
+    "kserve_translate",
+)
+WEIGHTS = (3, 3, 1, 1, 2, 1, 1)  # translation is most of the traffic, as in the benchmarks
+
+
+# --- the server process ---------------------------------------------------------------------------
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (psutil when installed, else /proc/PID/status)."""
+    try:
+        import psutil  # type: ignore[import-untyped]
+
+        return int(psutil.Process(pid).memory_info().rss)
+    except ImportError:
+        text = Path(f"/proc/{pid}/status").read_text()
+        match = re.search(r"^VmRSS:\s+(\d+)\s+kB", text, re.M)
+        if match is None:
+            raise RuntimeError(f"no VmRSS in /proc/{pid}/status") from None
+        return int(match.group(1)) * 1024
+
+
+class ServerProcess:
+    """``attnserve serve`` on a free port, its output drained by a thread."""
+
+    def __init__(self, repository: Path, grace: float = 10.0) -> None:
+        self.command = [
+            sys.executable,
+            "-m",
+            "attnserve_cli",
+            "serve",
+            "--repository",
+            str(repository),
+            "--port",
+            "0",
+            "--metrics-port",
+            "-1",
+            "--grace-period",
+            str(grace),
+        ]
+        self.process: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.output: list[str] = []
+
+    def start(self, timeout: float = 300) -> ServerProcess:
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                raise RuntimeError("the server exited before serving:\n" + "".join(self.output))
+            self.output.append(line)
+            match = re.match(r"attnserve serving .*? on [^\s,]+:(\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                threading.Thread(target=self._drain, daemon=True).start()
+                return self
+        raise RuntimeError("the server did not start in time:\n" + "".join(self.output))
+
+    def _drain(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            del self.output[:-200]  # keep the tail only: a long run logs a lot
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait (kill after 30 s); the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        return self.process.returncode
+
+
+# --- the traffic ----------------------------------------------------------------------------------
+@dataclass
+class Inputs:
+    """Valid requests' ingredients, made once."""
+
+    texts: list[tuple[str, str]]  # (source, language)
+    scenes: list[bytes]  # PNG scenes for the captioner
+    digits: list[bytes]  # PNG digits for the classifier
+    pixels: np.ndarray  # normalised digits (N, 3, 32, 32) for KServe
+
+    @classmethod
+    def make(cls, count: int = 64) -> Inputs:
+        from models.data import digits, shapes
+        from models.data.images import encode_png, pixel_values
+        from models.data.translation import generate_pairs
+
+        pairs = generate_pairs(count, seed=11, split="test")
+        images, _ = digits.load_digits_split("test")
+        return cls(
+            texts=[(p.source, p.lang) for p in pairs],
+            scenes=[
+                encode_png(image) for image, _ in shapes.generate(count, seed=11, split="test")
+            ],
+            digits=[encode_png(image) for image in images[:count]],
+            pixels=pixel_values(images[:count]).astype(np.float32),
+        )
+
+
+@dataclass
+class Tally:
+    """What the workers saw."""
+
+    calls: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    error_samples: list[str] = field(default_factory=list)
+    latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    answers: dict[Any, Any] = field(default_factory=dict)
+
+    def error(self, kind: str, message: str) -> None:
+        self.errors[kind] += 1
+        if len(self.error_samples) < 20:
+            self.error_samples.append(f"{kind}: {message[:300]}")
+
+    def answer(self, kind: str, key: Any, value: Any) -> None:
+        """The first answer for an input (whichever API gave it) is the reference; a different
+        later one is an error: greedy decoding must give the same answer alone or batched."""
+        first = self.answers.setdefault(key, value)
+        if first != value:
+            self.error(kind, f"{key}: answer {value!r} differs from the first {first!r}")
+
+
+class Traffic:
+    """One connection's stubs and the calls of the mix."""
+
+    def __init__(self, channel: grpc.aio.Channel, inputs: Inputs, tally: Tally) -> None:
+        self.stub = pb_grpc.AttnServeStub(channel)
+        self.kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        self.inputs = inputs
+        self.tally = tally
+
+    async def translate(self, i: int) -> None:
+        picked = [self.inputs.texts[(i + k) % len(self.inputs.texts)] for k in range(1 + i % 3)]
+        language = picked[0][1]
+        request = pb.TranslateRequest(texts=[s for s, _ in picked], target_language=language)
+        reply = await self.stub.Translate(request, timeout=60)
+        if len(reply.translations) != len(picked):
+            raise ValueError(f"{len(reply.translations)} translations for {len(picked)} texts")
+        for (source, _), translation in zip(picked, reply.translations, strict=True):
+            self.tally.answer("translate", ("text", source, language), translation.text)
+
+    async def translate_stream(self, i: int) -> None:
+        source, language = self.inputs.texts[i % len(self.inputs.texts)]
+        request = pb.TranslateStreamRequest(text=source, target_language=language)
+        text = "".join([m.delta async for m in self.stub.TranslateStream(request, timeout=60)])
+        self.tally.answer("translate_stream", ("text", source, language), text)
+
+    async def caption(self, i: int) -> None:
+        index = i % len(self.inputs.scenes)
+        reply = await self.stub.Caption(
+            pb.CaptionRequest(image=self.inputs.scenes[index]), timeout=60
+        )
+        self.tally.answer("caption", ("scene", index), reply.text)
+
+    async def caption_stream(self, i: int) -> None:
+        index = i % len(self.inputs.scenes)
+        call = self.stub.CaptionStream(
+            pb.CaptionRequest(image=self.inputs.scenes[index]), timeout=60
+        )
+        self.tally.answer(
+            "caption_stream", ("scene", index), "".join([m.delta async for m in call])
+        )
+
+    async def classify(self, i: int) -> None:
+        index = i % len(self.inputs.digits)
+        reply = await self.stub.Classify(
+            pb.ClassifyRequest(image=self.inputs.digits[index], top_k=3), timeout=60
+        )
+        self.tally.answer("classify", ("digit", index), reply.labels[0].label)
+
+    async def kserve_vit(self, i: int) -> None:
+        index = i % len(self.inputs.pixels)
+        request = kpb.ModelInferRequest(model_name="vit", id=str(i))
+        if i % 2:
+            tensor, raw = input_tensor(
+                "pixel_values", "FP32", self.inputs.pixels[index : index + 1]
+            )
+        else:
+            tensor, raw = input_tensor("image", "BYTES", [self.inputs.digits[index]])
+        request.inputs.append(tensor)
+        request.raw_input_contents.append(raw)
+        outputs = decode_outputs(await self.kserve.ModelInfer(request, timeout=60))
+        self.tally.answer("kserve_vit", ("digit", index), outputs["label"][0].decode())
+
+    async def kserve_translate(self, i: int) -> None:
+        source, language = self.inputs.texts[i % len(self.inputs.texts)]
+        request = kpb.ModelInferRequest(model_name="translator", id=str(i))
+        tensor, raw = input_tensor("text", "BYTES", [source.encode()])
+        request.inputs.append(tensor)
+        request.raw_input_contents.append(raw)
+        request.parameters["target_language"].string_param = language
+        outputs = decode_outputs(await self.kserve.ModelInfer(request, timeout=60))
+        text = outputs["translation"][0].decode()
+        self.tally.answer("kserve_translate", ("text", source, language), text)
+
+
+async def usable_texts(address: str, inputs: Inputs) -> Inputs:
+    """``inputs`` without the texts the served translator refuses as too long (the tiny test
+    models' tokenizer makes many of them too long); any other refusal is a real error."""
+    keep = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        for source, language in inputs.texts:
+            request = pb.TranslateRequest(texts=[source], target_language=language)
+            try:
+                await stub.Translate(request, timeout=60)
+                keep.append((source, language))
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+    if not keep:
+        raise RuntimeError("the translator refuses every text of the mix as too long")
+    return dataclasses.replace(inputs, texts=keep)
+
+
+async def drive(
+    address: str, inputs: Inputs, tally: Tally, concurrency: int, stop_at: float, seed: int = 0
+) -> None:
+    """``concurrency`` workers calling the mix until ``stop_at`` (monotonic seconds)."""
+    rng = np.random.default_rng(seed)
+    probabilities = np.asarray(WEIGHTS, dtype=float) / sum(WEIGHTS)
+    async with grpc.aio.insecure_channel(address) as channel:
+        traffic = Traffic(channel, inputs, tally)
+        calls: dict[str, Callable[[int], Awaitable[None]]] = {k: getattr(traffic, k) for k in KINDS}
+        counter = iter(range(1 << 62))
+
+        async def worker() -> None:
+            while time.monotonic() < stop_at:
+                kind = str(rng.choice(KINDS, p=probabilities))
+                i = next(counter)
+                started = time.perf_counter()
+                try:
+                    await calls[kind](i)
+                except grpc.aio.AioRpcError as err:
+                    tally.error(kind, f"{err.code().name}: {err.details()}")
+                except Exception as err:  # a malformed answer is an error too
+                    tally.error(kind, f"{type(err).__name__}: {err}")
+                tally.calls[kind] += 1
+                tally.latency[kind].append(time.perf_counter() - started)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+# --- the run --------------------------------------------------------------------------------------
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))] if ordered else float("nan")
+
+
+def _median_between(samples: list[tuple[float, int]], start: float, end: float) -> float:
+    inside = [rss for t, rss in samples if start <= t <= end]
+    if not inside:  # fall back to the nearest sample
+        inside = [min(samples, key=lambda s: abs(s[0] - end))[1]]
+    return float(statistics.median(inside))
+
+
+def soak(
+    repository: Path,
+    duration: float,
+    warmup: float,
+    concurrency: int = 8,
+    interval: float = 1.0,
+    window: float | None = None,
+    max_growth: float = 0.05,
+    address: str | None = None,
+    pid: int | None = None,
+) -> dict[str, Any]:
+    """Run the soak; the report (see the module docstring).
+
+    Args:
+        repository: the model repository the server process serves (unless ``address``).
+        duration: seconds of traffic in all, warm-up included.
+        warmup: seconds before the memory baseline.
+        concurrency: concurrent workers.
+        interval: seconds between RSS samples.
+        window: seconds of samples whose median is a baseline / end figure (default: 10% of
+            the time after the warm-up, at least 3 samples' worth).
+        max_growth: the largest RSS growth that passes.
+        address, pid: drive an already running server instead (its process id for RSS).
+    """
+    if warmup >= duration:
+        raise ValueError(f"warmup ({warmup} s) must be shorter than duration ({duration} s)")
+    window = window or max(3 * interval, 0.1 * (duration - warmup))
+    inputs = Inputs.make()
+    server = None
+    if address is None:
+        server = ServerProcess(repository).start()
+        address, pid = f"127.0.0.1:{server.port}", server.pid
+    assert pid is not None
+    inputs = asyncio.run(usable_texts(address, inputs))
+    tally = Tally()
+    samples: list[tuple[float, int]] = []
+    started = time.monotonic()
+    stop_at = started + duration
+    finished = threading.Event()
+
+    def sampler() -> None:
+        while not finished.is_set():
+            samples.append((time.monotonic() - started, rss_bytes(pid)))
+            finished.wait(interval)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    exit_code = None
+    try:
+        asyncio.run(drive(address, inputs, tally, concurrency, stop_at))
+    finally:
+        finished.set()
+        thread.join(timeout=10)
+        if server is not None:
+            exit_code = server.stop()
+    elapsed = time.monotonic() - started
+    baseline = _median_between(samples, warmup - window, warmup)
+    end = _median_between(samples, elapsed - window, elapsed)
+    growth = (end - baseline) / baseline
+    errors = sum(tally.errors.values())
+    calls = sum(tally.calls.values())
+    step = max(1, len(samples) // 120)
+    report = {
+        "repository": str(repository) if server is not None else None,
+        "address": address,
+        "duration_s": round(elapsed, 1),
+        "warmup_s": warmup,
+        "window_s": round(window, 1),
+        "concurrency": concurrency,
+        "distinct_texts": len(inputs.texts),
+        "calls": calls,
+        "calls_per_s": round(calls / elapsed, 1),
+        "calls_by_kind": dict(tally.calls),
+        "errors": errors,
+        "errors_by_kind": dict(tally.errors),
+        "error_samples": tally.error_samples,
+        "latency_ms": {
+            kind: {
+                "p50": round(_percentile(values, 50) * 1000, 2),
+                "p99": round(_percentile(values, 99) * 1000, 2),
+            }
+            for kind, values in sorted(tally.latency.items())
+        },
+        "rss_mb": {
+            "start": round(samples[0][1] / 2**20, 1),
+            "after_warmup": round(baseline / 2**20, 1),
+            "end": round(end / 2**20, 1),
+            "max": round(max(rss for _, rss in samples) / 2**20, 1),
+        },
+        "rss_growth_after_warmup": round(growth, 4),
+        "max_growth": max_growth,
+        "rss_samples_mb": [(round(t, 1), round(rss / 2**20, 1)) for t, rss in samples[::step]],
+        "server_exit_code": exit_code,
+        "passed": errors == 0 and growth <= max_growth,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.soak", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
+    parser.add_argument("--warmup", type=float, default=120.0, help="seconds (default 120)")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between RSS samples")
+    parser.add_argument("--window", type=float, default=None, help="seconds of samples per figure")
+    parser.add_argument("--max-growth", type=float, default=0.05)
+    parser.add_argument("--address", help="drive a running server instead (with --pid)")
+    parser.add_argument("--pid", type=int, help="the running server's process id (RSS)")
+    parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = parser.parse_args(argv)
+    if args.address is None and args.repository == Path("model_repository"):
+        from serving.cli import ensure_shipped_repository
+
+        ensure_shipped_repository(args.repository)  # first run: export the shipped models
+    if args.address is not None and args.pid is None:
+        parser.error("--address needs --pid (the server process whose memory to sample)")
+    report = soak(
+        args.repository,
+        args.duration,
+        args.warmup,
+        concurrency=args.concurrency,
+        interval=args.interval,
+        window=args.window,
+        max_growth=args.max_growth,
+        address=args.address,
+        pid=args.pid,
+    )
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
