@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -48,7 +48,7 @@ async def _result(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _responses(value: Any) -> AsyncIterator[Any]:
+async def _responses(value: Any) -> AsyncGenerator[Any, None]:
     """The messages of a streaming behavior: async generator, sync iterator or coroutine.
 
     Use it under ``contextlib.aclosing``: closing it closes ``value`` too, at once (a stream
