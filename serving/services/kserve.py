@@ -520,6 +520,9 @@ def _target_languages(call: Call) -> list[str]:
     return [""] * call.batch
 
 
+PIXEL_LIMIT = 1e4  # normalised pixels are within a few units; larger values overflow the model
+
+
 def _pixels(call: Call) -> list[np.ndarray]:
     """One (3, S, S) array per element, from ``pixel_values`` or encoded ``image`` bytes."""
     model = call.model
@@ -531,6 +534,11 @@ def _pixels(call: Call) -> list[np.ndarray]:
         data = pixels.data.astype(model.float_dtype, copy=False)
         if not np.isfinite(data).all():
             raise InvalidArgument("input 'pixel_values' holds NaN or infinite values")
+        if data.size and float(np.abs(data).max()) > PIXEL_LIMIT:
+            raise InvalidArgument(
+                f"input 'pixel_values' holds values up to {float(np.abs(data).max()):.3g}; send "
+                f"normalised pixels ((x/255 - mean) / std, |value| <= {PIXEL_LIMIT:g})"
+            )
         return [np.ascontiguousarray(data[i]) for i in range(call.batch)]
     if image is None:
         described = ", ".join(s.describe() for s in signature(model.config).inputs)

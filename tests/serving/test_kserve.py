@@ -302,6 +302,11 @@ BAD_REQUESTS = {
         "INVALID_ARGUMENT",
         "NaN or infinite",
     ),
+    "huge pixels": (  # finite, but the model's softmax would overflow to NaN
+        infer_request("vit", ("pixel_values", "FP32", np.full((1, 3, 32, 32), 1e38))),
+        "INVALID_ARGUMENT",
+        "send normalised pixels",
+    ),
     "empty batch": (
         infer_request("vit", ("image", "BYTES", np.empty(0, object))),
         "INVALID_ARGUMENT",
