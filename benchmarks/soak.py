@@ -28,9 +28,7 @@ import json
 import os
 import platform
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -43,6 +41,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from benchmarks.server_process import ServeProcess
 from serving.kserve_tensors import decode_outputs, input_tensor
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -74,75 +73,6 @@ def rss_bytes(pid: int) -> int:
         if match is None:
             raise RuntimeError(f"no VmRSS in /proc/{pid}/status") from None
         return int(match.group(1)) * 1024
-
-
-class ServerProcess:
-    """``attnserve serve`` on a free port, its output drained by a thread."""
-
-    def __init__(self, repository: Path, grace: float = 10.0) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "attnserve_cli",
-            "serve",
-            "--repository",
-            str(repository),
-            "--port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--grace-period",
-            str(grace),
-        ]
-        self.process: subprocess.Popen[str] | None = None
-        self.port = 0
-        self.output: list[str] = []
-
-    def start(self, timeout: float = 300) -> ServerProcess:
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError("the server exited before serving:\n" + "".join(self.output))
-            self.output.append(line)
-            match = re.match(r"attnserve serving .*? on [^\s,]+:(\d+)", line)
-            if match:
-                self.port = int(match.group(1))
-                threading.Thread(target=self._drain, daemon=True).start()
-                return self
-        raise RuntimeError("the server did not start in time:\n" + "".join(self.output))
-
-    def _drain(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-            del self.output[:-200]  # keep the tail only: a long run logs a lot
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def stop(self) -> int | None:
-        """SIGTERM, wait (kill after 30 s); the exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        return self.process.returncode
 
 
 # --- the traffic ----------------------------------------------------------------------------------
@@ -360,7 +290,7 @@ def soak(
     inputs = Inputs.make()
     server = None
     if address is None:
-        server = ServerProcess(repository).start()
+        server = ServeProcess(repository, "--metrics-port", "-1", keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
     inputs = asyncio.run(usable_texts(address, inputs))

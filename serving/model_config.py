@@ -108,6 +108,10 @@ class OnnxRuntimeOptions:
     # Idle intra-op threads busy-wait for the next parallel section. Off by default in a server:
     # the spinning threads take the cores the gRPC event loop needs between decode steps.
     allow_spinning: bool = False
+    # ONNX Runtime's CPU memory arena grows to the largest batch it has seen and never shrinks
+    # (a 10-minute soak grew 5.9 % in steps with it, 0.5 % without); off, buffers go back to the
+    # allocator after each call.
+    cpu_memory_arena: bool = False
 
 
 @dataclass(frozen=True)

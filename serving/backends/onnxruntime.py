@@ -31,6 +31,7 @@ def session_options(options: OnnxRuntimeOptions) -> ort.SessionOptions:
     spinning = "1" if options.allow_spinning else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     so.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    so.enable_cpu_mem_arena = options.cpu_memory_arena
     return so
 
 

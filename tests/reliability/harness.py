@@ -6,12 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -21,6 +16,7 @@ from typing import Any
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.server_process import ServeProcess  # noqa: F401  (re-exported for the tests)
 from serving.model_config import read_model_config, write_model_config
 
 # Status codes a malformed request may get; never UNKNOWN or INTERNAL (those are server bugs).
@@ -136,99 +132,3 @@ def wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
-
-
-class ServeProcess:
-    """``attnserve serve`` as a child process on a free port; ``stop`` ends it for sure."""
-
-    def __init__(self, repository: Path, *args: str, grace: float = 10.0) -> None:
-        self.command = [
-            sys.executable,
-            "-m",
-            "attnserve_cli",
-            "serve",
-            "--repository",
-            str(repository),
-            "--port",
-            "0",
-            "--grace-period",
-            str(grace),
-            *args,
-        ]
-        self.process: subprocess.Popen[str] | None = None
-        self.port = 0
-        self.metrics_port: int | None = None
-        self.output: list[str] = []
-        self._reader: threading.Thread | None = None
-
-    def start(self, timeout: float = 120) -> ServeProcess:
-        self.process = subprocess.Popen(
-            self.command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        deadline = time.monotonic() + timeout
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                raise RuntimeError("the server exited before serving:\n" + "".join(self.output))
-            self.output.append(line)
-            match = re.match(r"attnserve serving .*? on [^\s,]+:(\d+)", line)
-            if match:
-                self.port = int(match.group(1))
-                metrics = re.search(r"metrics on [^\s,]+:(\d+)", line)
-                self.metrics_port = int(metrics.group(1)) if metrics else None
-                self._reader = threading.Thread(target=self._read, daemon=True)
-                self._reader.start()
-                return self
-        raise RuntimeError("the server did not start in time:\n" + "".join(self.output))
-
-    def _read(self) -> None:
-        """Keep reading the output (a full pipe would block the server)."""
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.output.append(line)
-
-    def saw(self, text: str, timeout: float) -> bool:
-        """Wait until the output holds ``text``."""
-        return wait_until(lambda: text in "".join(self.output), timeout, interval=0.005)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    def terminate(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> tuple[int, str]:
-        """Wait for the exit; its code and all its output."""
-        assert self.process is not None
-        code = self.process.wait(timeout=timeout)
-        if self._reader is not None:
-            self._reader.join(timeout=5)
-        return code, "".join(self.output)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def __enter__(self) -> ServeProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
