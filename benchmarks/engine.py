@@ -356,9 +356,13 @@ class AttnServeRunner(Runner):
             and "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-        # The engine alone on the machine: idle threads may spin (the server turns that off).
+        # The engine alone on the machine: idle threads may spin and the arena may keep its
+        # buffers (the server turns both off).
         options = OnnxRuntimeOptions(
-            intra_op_threads=threads, execution_providers=providers, allow_spinning=True
+            intra_op_threads=threads,
+            execution_providers=providers,
+            allow_spinning=True,
+            cpu_memory_arena=True,
         )
         try:
             backend = OnnxRuntimeBackend(resolve_version(entry), graph_files(config), options)

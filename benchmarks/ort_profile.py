@@ -60,7 +60,9 @@ def profile_batch(
 
     config = read_model_config(entry)
     assert config.decoder is not None
-    options = OnnxRuntimeOptions(intra_op_threads=threads, allow_spinning=True)
+    options = OnnxRuntimeOptions(
+        intra_op_threads=threads, allow_spinning=True, cpu_memory_arena=True
+    )
     backend = OnnxRuntimeBackend(resolve_version(entry), graph_files(config), options)
     with tempfile.TemporaryDirectory() as scratch:
         so = session_options(options)
