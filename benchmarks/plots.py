@@ -100,6 +100,45 @@ def _series_label(point: dict[str, Any]) -> str:
     return f"{point['model']} {point['method']} [{point['variant']}]"
 
 
+def _latency_plot(
+    result: dict[str, Any],
+    points: list[dict[str, Any]],
+    x_key: str,
+    xlabel: str,
+    what: str,
+    suffix: str,
+    out_dir: Path,
+) -> Path | None:
+    """p50 / p90 / p99 latency against ``x_key``, one panel per model / method (None: no points)."""
+    plt = _pyplot()
+    panels = sorted({(p["model"], p["method"]) for p in points})
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        mine = [p for p in points if (p["model"], p["method"]) == panel]
+        for variant in sorted({p["variant"] for p in mine}):
+            line = sorted((p for p in mine if p["variant"] == variant), key=lambda p: p[x_key])
+            x = [p[x_key] for p in line]
+            for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+                y = [p["latency_ms"][q] or float("nan") for p in line]
+                ax.plot(x, y, style, marker=".", label=f"{variant} {q}")
+        if x_key == "concurrency":
+            ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("latency ms (log)")
+        ax.set_title(" ".join(panel), fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"Latency percentiles vs {what} — {_title(result)}", fontsize=9)
+    fig.tight_layout()
+    path = _name(result, "serve", suffix, out_dir)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def serve_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     """Throughput vs concurrency, latency percentiles vs concurrency and vs offered load."""
     plt = _pyplot()
@@ -135,84 +174,18 @@ def serve_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     plt.close(fig)
     paths.append(path)
 
-    # 2. latency percentiles vs concurrency (closed loop), one panel per model / method.
-    panels = sorted({(p["model"], p["method"]) for p in closed})
-    if panels:
-        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
-        for ax, (model, method) in zip(axes[0], panels, strict=True):
-            variants = sorted(
-                {p["variant"] for p in closed if (p["model"], p["method"]) == (model, method)}
-            )
-            for variant in variants:
-                points = sorted(
-                    (
-                        p
-                        for p in closed
-                        if (p["model"], p["method"], p["variant"]) == (model, method, variant)
-                    ),
-                    key=lambda p: p["concurrency"],
-                )
-                x = [p["concurrency"] for p in points]
-                for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
-                    ax.plot(
-                        x,
-                        [p["latency_ms"][q] or float("nan") for p in points],
-                        style,
-                        marker=".",
-                        label=f"{variant} {q}",
-                    )
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("concurrent clients")
-            ax.set_ylabel("latency ms (log)")
-            ax.set_title(f"{model} {method}", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=6)
-        fig.suptitle(f"Latency percentiles vs load (closed loop) — {_title(result)}", fontsize=9)
-        fig.tight_layout()
-        path = _name(result, "serve", "latency-closed", out_dir)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
-
-    # 3. latency percentiles vs offered load (open loop, Poisson arrivals).
-    panels = sorted({(p["model"], p["method"]) for p in open_})
-    if panels:
-        fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
-        for ax, (model, method) in zip(axes[0], panels, strict=True):
-            variants = sorted(
-                {p["variant"] for p in open_ if (p["model"], p["method"]) == (model, method)}
-            )
-            for variant in variants:
-                points = sorted(
-                    (
-                        p
-                        for p in open_
-                        if (p["model"], p["method"], p["variant"]) == (model, method, variant)
-                    ),
-                    key=lambda p: p["rate"],
-                )
-                x = [p["rate"] for p in points]
-                for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
-                    ax.plot(
-                        x,
-                        [p["latency_ms"][q] or float("nan") for p in points],
-                        style,
-                        marker=".",
-                        label=f"{variant} {q}",
-                    )
-            ax.set_yscale("log")
-            ax.set_xlabel("offered load (requests / s, Poisson)")
-            ax.set_ylabel("latency ms (log)")
-            ax.set_title(f"{model} {method}", fontsize=9)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=6)
-        fig.suptitle(
-            f"Latency percentiles vs offered load (open loop) — {_title(result)}", fontsize=9
-        )
-        fig.tight_layout()
-        path = _name(result, "serve", "latency-open", out_dir)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        paths.append(path)
+    # 2. latency percentiles vs concurrency (closed loop); 3. vs offered load (open loop).
+    for loop_points, x_key, xlabel, what, suffix in (
+        (closed, "concurrency", "concurrent clients", "load (closed loop)", "latency-closed"),
+        (
+            open_,
+            "rate",
+            "offered load (requests / s, Poisson)",
+            "offered load (open loop)",
+            "latency-open",
+        ),
+    ):
+        path = _latency_plot(result, loop_points, x_key, xlabel, what, suffix, out_dir)
+        if path is not None:
+            paths.append(path)
     return paths
