@@ -66,6 +66,14 @@ def _alternatives(result: Generated) -> list[pb.Hypothesis]:
     ]
 
 
+def _stream_options(options: pb.DecodingOptions) -> DecodingOptions:
+    """Decoding options of a streaming call: greedy or sampling (a beam has no single stream)."""
+    parsed = decoding_options(options)
+    if parsed.beam_size > 1:
+        raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+    return parsed
+
+
 class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     """Translate, caption, classify; list and describe models."""
 
@@ -129,9 +137,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
         model = self._model(_model_name(request, "translate"), request.model_version, "translation")
-        options = decoding_options(request.options)
-        if options.beam_size > 1:
-            raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+        options = _stream_options(request.options)
         job = model.request(
             options,
             source_ids=model.source_ids(request.text, request.target_language),
@@ -167,9 +173,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CaptionStreamResponse]:
         model = self._model(_model_name(request, "caption"), request.model_version, "captioning")
-        options = decoding_options(request.options)
-        if options.beam_size > 1:
-            raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+        options = _stream_options(request.options)
         job = model.request(
             options, pixels=model.image_pixels(request.image), timeout_s=deadline_of(context)
         )
