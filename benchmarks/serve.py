@@ -27,15 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
-import re
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -55,6 +49,7 @@ from benchmarks.engine import (
 )
 from benchmarks.marian import default_cache
 from benchmarks.schema import SERVE_SCHEMA_ID, BenchError
+from benchmarks.server_process import ServeProcess
 
 SETUPS = ("batching", "no_inflight", "no_batching")
 MODELS = ("translator", "vit")
@@ -208,84 +203,19 @@ def setup_repository(
 # --- the server process -------------------------------------------------------------------------
 
 
-class ServerProcess:
-    """``attnserve serve`` in a child process on a free loopback port."""
-
-    def __init__(self, repository: Path, log_path: Path) -> None:
-        self.repository = repository
-        self.log_path = log_path
-        self.process: subprocess.Popen[str] | None = None
-        self.address = ""
-
-    def __enter__(self) -> ServerProcess:
-        command = [
-            sys.executable,
-            "-m",
-            # Experiments may wrap the server (e.g. patched session options): a module that
-            # behaves like attnserve_cli.
-            os.environ.get("ATTNSERVE_BENCH_SERVER_MODULE", "attnserve_cli"),
-            "serve",
-            "--repository",
-            str(self.repository),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--metrics-port",
-            "-1",
-            "--log-level",
-            "WARNING",
-            "--grace-period",
-            "2",
-        ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True, env=env
-        )
-        lines: queue.Queue[str] = queue.Queue()
-        stdout = self.process.stdout
-        assert stdout is not None
-
-        def read() -> None:
-            for line in iter(stdout.readline, ""):
-                lines.put(line)
-
-        self._reader = threading.Thread(target=read, daemon=True)
-        self._reader.start()
-        deadline = time.monotonic() + 180
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                line = lines.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                if self.process.poll() is not None:
-                    break
-                continue
-            match = re.search(r" on (\S+):(\d+)", line)
-            if line.startswith("attnserve serving") and match:
-                self.address = f"127.0.0.1:{match.group(2)}"
-                return self
-        self.__exit__()
-        tail = self.log_path.read_text()[-2000:]
-        raise BenchError(f"the server for {self.repository} did not start:\n{tail}")
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        if self.process is not None and self.process.stdout is not None:
-            self._reader.join(5)  # the pipe reaches EOF once the server has exited
-            if not self._reader.is_alive():
-                self.process.stdout.close()
-        self._log.close()
+def server_process(repository: Path) -> ServeProcess:
+    """``attnserve serve`` for the load generator: loopback, no metrics port, warnings only."""
+    return ServeProcess(
+        repository,
+        "--host",
+        "127.0.0.1",
+        "--metrics-port",
+        "-1",
+        "--log-level",
+        "WARNING",
+        grace=2,
+        keep_lines=200,
+    )
 
 
 # --- offline references -------------------------------------------------------------------------
@@ -446,7 +376,7 @@ def _open_plan(setup: str, models: tuple[str, ...]) -> list[tuple[str, str]]:
 
 
 async def _drive_setup(
-    server: ServerProcess,
+    server: ServeProcess,
     setup: str,
     settings: ServeSettings,
     language: str,
@@ -788,8 +718,14 @@ def run_serve_bench(
                 continue
             variants += setup_variants
             log(f"setup {setup}: starting the server")
-            with ServerProcess(setup_repo, Path(scratch) / f"{setup}.log") as server:
+            try:
+                server = server_process(setup_repo).start()
+            except RuntimeError as err:
+                raise BenchError(f"the server for {setup_repo} did not start: {err}") from err
+            try:
                 points += asyncio.run(_drive_setup(server, setup, settings, language or "", image))
+            finally:
+                server.stop()
     log("offline references again (after the load)")
     after = measure_offline()
     if "translator" in before:
