@@ -1,0 +1,138 @@
+"""The graph contract: which ONNX graphs a model version holds and the names of their tensors.
+
+Export writes graphs with these names, serving feeds them, the TensorRT builder derives its
+profiles from them. docs/architecture.md ("The graph contract") has the shapes:
+
+encoder (translator): input_ids, attention_mask            [batch, source_length] int64
+encoder (captioner):  pixel_values                         [batch, 3, H, W] float
+   -> encoder_hidden_states [batch, source_length, d_model],
+      cross_key.{i}, cross_value.{i} [batch, heads, source_length, head_dim] for every layer i
+decoder: input_ids, position_ids [batch, new_tokens] int64,
+         self_attention_mask [batch, past_length + new_tokens] int64 (1 = real token),
+         cross_attention_mask [batch, source_length] int64,
+         past_key.{i}, past_value.{i} [batch, heads, past_length, head_dim],
+         cross_key.{i}, cross_value.{i}
+   -> logits [batch, new_tokens, vocab], present_key.{i}, present_value.{i}
+      [batch, heads, past_length + new_tokens, head_dim] (past + new, fed back as the next past)
+classifier: pixel_values [batch, 3, H, W] -> logits [batch, classes]
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ENCODER, DECODER, CLASSIFIER = "encoder", "decoder", "model"
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+CLASSIFIER_FILE = "model.onnx"
+GRAPH_FILES = {ENCODER: ENCODER_FILE, DECODER: DECODER_FILE, CLASSIFIER: CLASSIFIER_FILE}
+
+# torch turns scaled_dot_product_attention into the standard ONNX Attention op from this opset
+# on; lower opsets get the decomposed MatMul / Softmax graph.
+FUSED_ATTENTION_OPSET = 23
+DEFAULT_OPSET = FUSED_ATTENTION_OPSET
+MIN_OPSET, MAX_OPSET = 17, 24
+
+TEXT_ENCODER_INPUTS = ("input_ids", "attention_mask")
+IMAGE_INPUT = "pixel_values"
+DECODER_STEP_INPUTS = ("input_ids", "position_ids", "self_attention_mask", "cross_attention_mask")
+LOGITS = "logits"
+ENCODER_STATES = "encoder_hidden_states"
+
+ModelKind = Literal["seq2seq", "classifier"]
+
+
+def graph_files(kind: ModelKind) -> dict[str, str]:
+    """Graph name -> ONNX file of a model version of ``kind``.
+
+    Returns:
+        {"encoder": "encoder.onnx", "decoder": "decoder.onnx"} for seq2seq models,
+        {"model": "model.onnx"} for classifiers.
+    """
+    if kind == "seq2seq":
+        return {ENCODER: ENCODER_FILE, DECODER: DECODER_FILE}
+    return {CLASSIFIER: CLASSIFIER_FILE}
+
+
+def kv_names(prefix: str, num_layers: int) -> list[str]:
+    """[prefix_key.0, prefix_value.0, prefix_key.1, ...]: the order the graphs flatten them.
+
+    ``prefix`` is ``past`` / ``present`` (self-attention cache) or ``cross``.
+    """
+    return [f"{prefix}_{part}.{i}" for i in range(num_layers) for part in ("key", "value")]
+
+
+def present_name(past_name: str) -> str:
+    """The decoder output that becomes ``past_name`` on the next step."""
+    return past_name.replace("past_", "present_", 1)
+
+
+def encoder_output_names(num_layers: int) -> list[str]:
+    return [ENCODER_STATES, *kv_names("cross", num_layers)]
+
+
+def decoder_input_names(num_layers: int) -> list[str]:
+    return [*DECODER_STEP_INPUTS, *kv_names("past", num_layers), *kv_names("cross", num_layers)]
+
+
+def decoder_output_names(num_layers: int) -> list[str]:
+    return [LOGITS, *kv_names("present", num_layers)]
+
+
+# --- the in-place decoder: a fixed-capacity KV cache written where it lies ----------------------
+#
+# decoder_inplace: input_ids [batch, 1] int64, cache_lengths [batch] int64 (tokens already in each
+#     row's cache: the new token's position and write index), cross_lengths [batch] int64 (real
+#     source positions per row; sources are left-aligned), past_key.{i}, past_value.{i}
+#     [batch, heads, capacity, head_dim], cross_key.{i}, cross_value.{i}
+#     [batch, heads, source_capacity, head_dim]
+#   -> logits [batch, 1, vocab], present_key.{i}, present_value.{i} [batch, heads, capacity,
+#      head_dim]: the past with the new token written at cache_lengths. Bind each present to the
+#      buffer of its past and ONNX Runtime writes in place (opset 24 TensorScatter + Attention
+#      with nonpad_kv_seqlen).
+# cache_copy: rows, source_rows [n] int64, past_key.{i} ... -> past_key.{i}_out ...: rows[j] of
+#     every cache becomes a copy of source_rows[j] (beam search reorders its rows).
+# cache_write: rows [n] int64, cross_key.{i} ... (buffers), new_cross_key.{i} ... [n, heads, S,
+#     head_dim] -> cross_key.{i}_out ...: the new rows written (zero-padded to the buffers' width).
+# cache_resize: width [1] int64, buffer.{j} [n, heads, w, head_dim] for j < 2 * layers ->
+#     buffer.{j}_out [n, heads, width, head_dim]: cut or zero-padded along axis 2. The server keeps
+#     each cache as compact as its longest row needs (attention kernels read the whole bound
+#     width) and re-lays it out through this graph when that width changes.
+DECODER_INPLACE, CACHE_COPY, CACHE_WRITE = "decoder_inplace", "cache_copy", "cache_write"
+CACHE_RESIZE = "cache_resize"
+DECODER_INPLACE_FILE = "decoder_inplace.onnx"
+CACHE_COPY_FILE = "cache_copy.onnx"
+CACHE_WRITE_FILE = "cache_write.onnx"
+CACHE_RESIZE_FILE = "cache_resize.onnx"
+INPLACE_GRAPH_FILES = {
+    DECODER_INPLACE: DECODER_INPLACE_FILE,
+    CACHE_COPY: CACHE_COPY_FILE,
+    CACHE_WRITE: CACHE_WRITE_FILE,
+    CACHE_RESIZE: CACHE_RESIZE_FILE,
+}
+INPLACE_OPSET = 24  # TensorScatter and Attention's nonpad_kv_seqlen
+DECODER_INPLACE_STEP_INPUTS = ("input_ids", "cache_lengths", "cross_lengths")
+ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"
+
+
+def resize_buffer_names(num_layers: int) -> list[str]:
+    """The buffer inputs of ``cache_resize`` (one per key and value of every layer)."""
+    return [f"buffer.{j}" for j in range(2 * num_layers)]
+
+
+def decoder_inplace_input_names(num_layers: int) -> list[str]:
+    return [
+        *DECODER_INPLACE_STEP_INPUTS,
+        *kv_names("past", num_layers),
+        *kv_names("cross", num_layers),
+    ]
+
+
+def written_name(buffer_name: str) -> str:
+    """The output of a cache helper graph that is bound to input buffer ``buffer_name``."""
+    return f"{buffer_name}_out"
+
+
+def update_name(buffer_name: str) -> str:
+    """The input of ``cache_write`` that holds the new rows for ``buffer_name``."""
+    return f"new_{buffer_name}"

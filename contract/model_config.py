@@ -1,0 +1,302 @@
+"""The model repository's config.yaml: what a served model is and how it is batched.
+
+Written by the export package, read by the server (``contract.repository`` reads and writes the
+file). Every field has a default and a comment; ``contract.schema`` rejects unknown fields and
+wrong types with the field's path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from contract.normalize import check_steps
+from contract.schema import SchemaError, from_mapping
+
+# --- limits ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierLimits:
+    """Largest inputs a classifier accepts; larger requests are rejected with a clear status."""
+
+    max_batch_size: int = 32  # most images in one graph call (and in one KServe request)
+    max_image_bytes: int = 4 * 1024 * 1024  # encoded image size
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "max_batch_size", "max_image_bytes")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorLimits:
+    """Largest inputs a seq2seq model accepts; larger requests are rejected with a clear status."""
+
+    max_batch_size: int = 32  # most sequences in one graph call
+    max_source_length: int = 64  # source tokens (translator) or encoder positions (captioner)
+    max_new_tokens: int = 64  # generated tokens per sequence
+    max_texts_per_request: int = 32  # texts in one Translate call
+    max_image_bytes: int = 4 * 1024 * 1024  # encoded image size (image inputs)
+
+    def __post_init__(self) -> None:
+        _at_least_one(
+            self, "max_batch_size", "max_source_length", "max_new_tokens", "max_image_bytes"
+        )
+
+
+# --- batching --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicBatching:
+    """Triton-style dynamic batching of one-shot work (classifiers)."""
+
+    max_batch_size: int = 32  # requests merged into one call
+    # How long the first queued request waits for batch-mates. 0 (Triton's default too): a batch
+    # leaves as soon as the model is free, and requests that arrive while it runs form the next
+    # one, so batches grow with load without delaying a lone request.
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 256  # queued requests beyond this get RESOURCE_EXHAUSTED
+    timeout_ms: int = 30_000  # per-request deadline when the client sets none (0 = none)
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "max_batch_size")
+        _not_negative(self, "max_queue_delay_us", "max_queue_size", "timeout_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InFlightBatching:
+    """In-flight batching of generation: sequences join and leave the decode batch between steps."""
+
+    max_batch_size: int = 32  # requests admitted in one step (their encoder pass is one batch)
+    max_queue_size: int = 256  # waiting requests beyond this get RESOURCE_EXHAUSTED
+    timeout_ms: int = 30_000  # per-request deadline when the client sets none (0 = none)
+    # New sequences join the running decode batch between steps. Off: a batch of up to
+    # max_batch_size sequences runs to its end before the next one starts.
+    in_flight: bool = True
+    max_active_sequences: int = 64  # KV-cache capacity in decode rows (beams count each)
+    token_budget: int = 4096  # decode rows + encoder tokens of joiners in one step
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "max_batch_size", "max_active_sequences", "token_budget")
+        _not_negative(self, "max_queue_size", "timeout_ms")
+
+    @property
+    def decode_rows(self) -> int:
+        """Rows of the decode batch (the KV cache's capacity in sequences, a beam per row)."""
+        return self.max_active_sequences if self.in_flight else self.max_batch_size
+
+
+def _at_least_one(section: object, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(section, name)}")
+
+
+def _not_negative(section: object, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(section, name)}")
+
+
+# --- what the graphs are ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What the generation engine needs to know about a seq2seq model's graphs."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    vocab_size: int
+    pad_id: int = 0
+    eos_id: int = 2
+    decoder_start_id: int = 1
+    max_positions: int = 512  # decoder position table: past + new tokens must stay below
+    # Token ids never generated (Hugging Face ``bad_words_ids`` of one token and
+    # ``suppress_tokens``: Marian never generates its pad token).
+    suppress_ids: tuple[int, ...] = ()
+    # The last token a sequence may generate is EOS (Hugging Face ``forced_eos_token_id``).
+    forced_eos: bool = False
+
+    def __post_init__(self) -> None:
+        bad = [i for i in self.suppress_ids if not 0 <= i < self.vocab_size or i == self.eos_id]
+        if bad:
+            raise ValueError(
+                f"suppress_ids {bad} must be token ids below vocab_size {self.vocab_size}, "
+                f"other than eos_id {self.eos_id}"
+            )
+
+
+Resample = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """Preprocessing of encoded images: RGB, resized to size x size, (x/255 - mean) / std."""
+
+    size: int
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    # PIL filter of the resize (Hugging Face image processors' ``resample``).
+    resample: Resample = "bilinear"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """How serving reads a generator's tokenizer files and turns request text into source text.
+
+    ``kind`` names the files of the version folder (``contract.text.load_text_tokenizer``):
+    ``subword``: tokenizer.json of ``contract.tokenizer.SubwordTokenizer`` (models trained here);
+    ``sentencepiece``: source.spm, target.spm and vocab.json (Marian); ``huggingface``:
+    tokenizer.json of the ``tokenizers`` library (GPT-2's byte-level BPE).
+    """
+
+    kind: Literal["subword", "sentencepiece", "huggingface"] = "subword"
+    # Written before the source text, "{}" standing for the target language: "<2{}>" gives
+    # "<2de> forty-two", ">>{}<<" Marian's multilingual tags; "" writes no tag.
+    language_tag: str = "<2{}>"
+    # Steps applied to request text before tagging and tokenizing, in order
+    # (contract.normalize.NORMALIZER_STEPS); the same steps the model was trained with.
+    normalizer: tuple[str, ...] = ()
+    # sentencepiece: tokens matched in the text before SentencePiece runs and dropped when
+    # decoding; the end-of-sequence token appended to every source; the token of pieces that
+    # vocab.json lacks.
+    special_tokens: tuple[str, ...] = ()
+    eos_token: str = "</s>"
+    unk_token: str = "<unk>"
+    # Decoded text gets transformers' clean_up_tokenization (" ," -> ",", ...).
+    clean_up_spaces: bool = False
+
+    def __post_init__(self) -> None:
+        if self.language_tag and self.language_tag.count("{}") != 1:
+            raise ValueError(
+                f"language_tag {self.language_tag!r} must hold one '{{}}' (the language) or be ''"
+            )
+        check_steps(self.normalizer)
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeOptions:
+    """ONNX Runtime session settings."""
+
+    intra_op_threads: int = 0  # 0 = ONNX Runtime's default (all physical cores)
+    execution_providers: tuple[str, ...] = ("CPUExecutionProvider",)  # tried in order
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    # Idle intra-op threads busy-wait for the next parallel section. Off by default in a server:
+    # the spinning threads take the cores the gRPC event loop needs between decode steps.
+    allow_spinning: bool = False
+    # ONNX Runtime's CPU memory arena grows to the largest batch it has seen and never shrinks
+    # (a 10-minute soak grew 5.9 % in steps with it, 0.5 % without); off, buffers go back to the
+    # allocator after each call.
+    cpu_memory_arena: bool = False
+    # Generators: "inplace" decodes with the fixed-capacity cache written in place on the
+    # provider's device (decoder_inplace.onnx; falls back to "growing" for exports without it or
+    # runtimes that cannot load it); "growing" feeds the whole cache every step (decoder.onnx).
+    kv_cache: Literal["inplace", "growing"] = "inplace"
+
+
+# --- one repository entry, by kind ------------------------------------------------------------
+
+Backend = Literal["onnxruntime", "tensorrt"]
+Precision = Literal["fp32", "fp16", "int8"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierConfig:
+    """A classifier entry (the ViT): one graph, dynamic batching, labels."""
+
+    name: str
+    kind: Literal["classifier"] = "classifier"
+    task: Literal["classification"] = "classification"
+    input: Literal["image"] = "image"
+    backend: Backend = "onnxruntime"
+    precision: Precision = "fp32"  # what the graph holds
+    limits: ClassifierLimits = field(default_factory=ClassifierLimits)
+    batching: DynamicBatching = field(default_factory=DynamicBatching)
+    image: ImageSpec  # preprocessing of encoded images
+    labels: tuple[str, ...] = ()  # class names in logit order
+    onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorConfig:
+    """An encoder-decoder entry (translator, captioner): KV-cache decoding, in-flight batching."""
+
+    name: str
+    kind: Literal["seq2seq"] = "seq2seq"
+    task: Literal["translation", "captioning"]
+    input: Literal["text", "image"]
+    backend: Backend = "onnxruntime"
+    precision: Precision = "fp32"  # what the graphs hold
+    limits: GeneratorLimits = field(default_factory=GeneratorLimits)
+    batching: InFlightBatching = field(default_factory=InFlightBatching)
+    decoder: DecoderSpec  # what the decode loop needs to know about the graphs
+    image: ImageSpec | None = None  # image inputs: preprocessing
+    languages: tuple[str, ...] = ()  # translation: target languages (tagged as tokenizer says)
+    # The tokenizer files and the source-text preparation (text in, text out).
+    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
+
+    def __post_init__(self) -> None:
+        if self.input == "image" and self.image is None:
+            raise ValueError("a model with image input needs an `image` section")
+
+
+ModelConfig = ClassifierConfig | GeneratorConfig
+CONFIG_CLASSES: dict[str, type[ClassifierConfig] | type[GeneratorConfig]] = {
+    "classifier": ClassifierConfig,
+    "seq2seq": GeneratorConfig,
+}
+
+# Fields that config.yaml files written before the per-kind sections carried for every kind and
+# that never applied to that kind; they are dropped on reading so older repositories still load.
+# Top-level ones only when empty (``decoder: null``, ``labels: []``): a real decoder section on a
+# classifier is a mistake worth an error.
+_LEGACY_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "classifier": {
+        "": ("decoder", "languages"),
+        "limits": ("max_source_length", "max_new_tokens", "max_texts_per_request"),
+        "batching": ("in_flight", "max_active_sequences", "token_budget"),
+    },
+    "seq2seq": {"": ("labels",), "batching": ("max_queue_delay_us",)},
+}
+# Options earlier versions wrote that this one no longer has: dropped when off, refused when on.
+_REMOVED_OPTIONS: dict[tuple[str, str], str] = {
+    ("onnxruntime", "cuda_graph"): "this version does not capture CUDA graphs",
+}
+
+
+def model_config_from_mapping(data: Any) -> ModelConfig:
+    """A config.yaml mapping as the config class of its ``kind``.
+
+    Raises:
+        SchemaError: no or an unknown ``kind``, or a bad field (named by its path).
+    """
+    if not isinstance(data, dict):
+        raise SchemaError(f"expected a mapping of fields, got {type(data).__name__}")
+    kind = data.get("kind")
+    if not isinstance(kind, str) or kind not in CONFIG_CLASSES:
+        raise SchemaError(
+            f"kind: must be one of {', '.join(map(repr, CONFIG_CLASSES))}, got {kind!r}"
+        )
+    return from_mapping(CONFIG_CLASSES[kind], _without_legacy_fields(kind, data))
+
+
+def _without_legacy_fields(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    cleaned = dict(data)
+    for section, names in _LEGACY_FIELDS[kind].items():
+        if not section:
+            for name in names:
+                if name in cleaned and not cleaned[name]:
+                    del cleaned[name]
+        elif isinstance(cleaned.get(section), dict):
+            cleaned[section] = {k: v for k, v in cleaned[section].items() if k not in names}
+    for (section, name), why in _REMOVED_OPTIONS.items():
+        fields = cleaned.get(section)
+        if not isinstance(fields, dict) or name not in fields:
+            continue
+        if fields[name]:
+            raise SchemaError(f"{section}.{name}: this option was removed ({why}); delete the line")
+        cleaned[section] = {k: v for k, v in fields.items() if k != name}
+    return cleaned
