@@ -20,13 +20,18 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from contract.tokenizer import SubwordTokenizer, TokenizerError
 from models.captioner import Captioner, CaptionerConfig
-from models.config import ConfigError, config_from_dict, config_to_dict, read_config_json
-from models.tokenizer import SubwordTokenizer, TokenizerError
+from models.config import (
+    MODEL_KINDS,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    read_config_json,
+)
 from models.translator import Translator, TranslatorConfig
 from models.vit import ViT, ViTConfig
 
-MODEL_KINDS: tuple[str, ...] = ("translator", "vit", "captioner")
 # Shipped checkpoints store fp16 weights (half the size; the repository budget is 30 MB). Models
 # compute in fp32: weights are cast on load, and trainers evaluate the rounded weights.
 STORAGE_DTYPE = torch.float16

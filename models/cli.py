@@ -1,4 +1,7 @@
-"""`attnserve train` and `attnserve eval`. torch is imported only when a command runs."""
+"""`attnserve train`. torch is imported only when the command runs.
+
+`attnserve eval` lives in ``export.cli``: it evaluates checkpoints and exported entries alike.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +11,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-KINDS = ("translator", "vit", "captioner")
+from models.config import MODEL_KINDS
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Register the train and eval subcommands."""
+    """Register the train subcommand."""
     train = subparsers.add_parser(
         "train", help="train a model on generated / packaged data and write a checkpoint"
     )
-    train.add_argument("kind", choices=KINDS)
+    train.add_argument("kind", choices=MODEL_KINDS)
     train.add_argument("--out", type=Path, help="checkpoint directory (default: runs/KIND)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--steps", type=int, help="optimiser steps (default: the trainer's)")
@@ -25,22 +28,6 @@ def add_parsers(subparsers: Any) -> None:
     )
     train.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     train.set_defaults(handler=run_train)
-
-    evaluate = subparsers.add_parser(
-        "eval", help="print held-out metrics of a checkpoint as JSON (last line of stdout)"
-    )
-    evaluate.add_argument("kind", choices=KINDS)
-    source = evaluate.add_mutually_exclusive_group()
-    source.add_argument(
-        "--checkpoint", type=Path, help="checkpoint directory (default: the shipped one)"
-    )
-    source.add_argument(
-        "--repository",
-        type=Path,
-        help="an exported model-repository entry REPOSITORY/NAME, evaluated through ONNX Runtime",
-    )
-    evaluate.add_argument("--examples", type=int, help="held-out examples (default: all / 1500)")
-    evaluate.set_defaults(handler=run_eval)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -64,34 +51,3 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"checkpoint written to {out}", file=sys.stderr)
     print(json.dumps({"kind": args.kind, "checkpoint": str(out), **metrics["held_out"]}))
     return 0
-
-
-def run_eval(args: argparse.Namespace) -> int:
-    """Evaluate a checkpoint (or an exported repository entry) and print one JSON line."""
-    if args.repository is not None:
-        from export.evaluate import evaluate_repository  # ONNX Runtime path (export issue)
-
-        result = evaluate_repository(args.kind, args.repository, examples=args.examples)
-        print(json.dumps({"kind": args.kind, "repository": str(args.repository), **result}))
-        return 0
-    from models import evaluate
-    from models.checkpoint import load_checkpoint, shipped_checkpoint
-
-    directory = args.checkpoint or shipped_checkpoint(args.kind)
-    checkpoint = load_checkpoint(directory, expected_kind=args.kind)
-    if args.kind == "translator":
-        result = evaluate.evaluate_translator(
-            checkpoint.model, checkpoint.tokenizer, **_examples(args)
-        )
-    elif args.kind == "captioner":
-        result = evaluate.evaluate_captioner(
-            checkpoint.model, checkpoint.tokenizer, **_examples(args)
-        )
-    else:
-        result = evaluate.evaluate_vit(checkpoint.model)
-    print(json.dumps({"kind": args.kind, "checkpoint": str(directory), **result}))
-    return 0
-
-
-def _examples(args: argparse.Namespace) -> dict[str, int]:
-    return {} if args.examples is None else {"examples": args.examples}

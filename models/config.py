@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 C = TypeVar("C")
 
 CONFIG_FILE = "config.json"
+# The model kinds of this package: one module each (translator.py, vit.py, captioner.py).
+MODEL_KINDS: tuple[str, ...] = ("translator", "vit", "captioner")
 
 
 class ConfigError(ValueError):

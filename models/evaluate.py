@@ -9,11 +9,11 @@ import sacrebleu
 import torch
 from torch import nn
 
+from contract.images import pixel_values
+from contract.tokenizer import SubwordTokenizer
 from models.data import digits, shapes
-from models.data.images import pixel_values
 from models.data.translation import LANGUAGES, Pair, generate_pairs
 from models.generation import greedy_generate
-from models.tokenizer import SubwordTokenizer
 from models.train.common import pad_batch
 
 EVAL_SEED = 1234  # held-out sets are drawn with their own seed, from the held-out split

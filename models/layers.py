@@ -1,17 +1,13 @@
-"""Shared Transformer layers: attention with an explicit KV cache, feed-forward, blocks, positions.
+"""Shared Transformer layers: positions, norms, feed-forward, blocks, stacks, the decoder.
 
 Everything here takes tensors and returns tensors (no Python-side state), so that the modules trace
 cleanly into the ONNX graphs of the export package:
 
-- self-attention takes the past keys/values of its layer and returns the present ones
-  (past concatenated with the new tokens' keys/values), so a decoder step feeds them back in;
-- cross-attention keys/values are computed once from the encoder output (``cross_kv``) and passed
-  to every decoder step;
-- masks are boolean (True = attend) and always of shape (B, 1, T_query, T_key): ONNX Runtime's CPU
-  ``Attention`` kernel wants the query axis spelt out rather than broadcast.
-
-Attention is ``torch.nn.functional.scaled_dot_product_attention`` on 4-D (B, H, T, D) tensors,
-which the ONNX exporter turns into the standard ``Attention`` op at opset >= 23.
+- decoder blocks take the past keys / values of their layer and return the present ones, or,
+  with ``*_inplace``, write one new token per row into a fixed-capacity cache (attention and its
+  masks live in ``models.attention``);
+- cross-attention keys / values are computed once from the encoder output (``cross_kv``) and
+  passed to every decoder step.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-KVCache = tuple[Tensor, Tensor]
+from models.attention import KVCache, MultiHeadAttention, causal_self_mask, key_padding_mask
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu, "silu": F.silu}
 
@@ -40,32 +36,6 @@ def activation_fn(name: str):
         raise ValueError(
             f"unknown activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}"
         ) from None
-
-
-def key_padding_mask(key_mask: Tensor, query_len: int | Tensor) -> Tensor:
-    """Expand a (B, S) key mask (nonzero = attend) to a boolean (B, 1, T, S) attention mask."""
-    mask = key_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S)
-    return mask.expand(-1, -1, query_len, -1)  # (B, 1, T, S)
-
-
-def causal_self_mask(self_key_mask: Tensor, new_len: int | Tensor) -> Tensor:
-    """Self-attention mask for ``new_len`` new tokens over past + new keys.
-
-    Args:
-        self_key_mask: (B, P + T) int or bool, nonzero where a key (past or new) is a real token.
-            Padding inside the past (ragged batches) is simply a zero here.
-        new_len: T, the number of new (query) tokens; they are the last T keys.
-
-    Returns:
-        Boolean (B, 1, T, P + T): query i attends to key j when the key is real and j is not a
-        later new token.
-    """
-    total = self_key_mask.shape[1]
-    query = torch.arange(new_len, device=self_key_mask.device)[:, None]  # (T, 1)
-    key = torch.arange(total, device=self_key_mask.device)[None, :]  # (1, P + T)
-    past_len = total - new_len
-    causal = key <= query + past_len  # (T, P + T)
-    return self_key_mask.to(torch.bool)[:, None, None, :] & causal[None, None]
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
@@ -121,51 +91,6 @@ class LayerNorm(nn.LayerNorm):
         bias = None if self.bias is None else self.bias.float()
         out = F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
         return out.to(x.dtype)
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head attention with separate Q/K/V projections (the Marian / ViT parameter layout)."""
-
-    def __init__(self, dim: int, num_heads: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"d_model {dim} is not divisible by num_heads {num_heads}")
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.dropout = dropout
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
-
-    def split_heads(self, x: Tensor) -> Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-
-    def project_kv(self, x: Tensor) -> KVCache:
-        """Keys and values of ``x`` (B, S, dim), each (B, H, S, head_dim)."""
-        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
-
-    def attend(self, x: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
-        """Attend from queries of ``x`` (B, T, dim) to given keys/values (B, H, S, head_dim)."""
-        batch, length, dim = x.shape
-        query = self.split_heads(self.q_proj(x))  # (B, H, T, D)
-        dropout = self.dropout if self.training else 0.0
-        # Cached keys/values may be stored in a lower precision than the computation (fp16
-        # exports); a no-op when the dtypes agree.
-        key, value = key.to(query.dtype), value.to(query.dtype)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout)
-        out = out.transpose(1, 2).reshape(batch, length, dim)  # (B, T, H*D)
-        return self.out_proj(out)
-
-    def self_attend(
-        self, x: Tensor, past_key: Tensor, past_value: Tensor, mask: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention over past + new tokens; returns (output, present_key, present_value)."""
-        new_key, new_value = self.project_kv(x)
-        key = torch.cat([past_key, new_key.to(past_key.dtype)], dim=2)  # (B, H, P + T, D)
-        value = torch.cat([past_value, new_value.to(past_value.dtype)], dim=2)
-        return self.attend(x, key, value, mask), key, value
 
 
 class FeedForward(nn.Module):
@@ -279,6 +204,42 @@ class DecoderBlock(nn.Module):
         x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, (key, value)
 
+    def forward_inplace(
+        self,
+        x: Tensor,
+        cache: KVCache,
+        cache_lengths: Tensor,
+        cross: KVCache,
+        cross_lengths: Tensor,
+    ) -> tuple[Tensor, KVCache]:
+        """One block for one new token per row with a fixed-capacity cache.
+
+        Args:
+            x: (B, 1, dim).
+            cache: self-attention keys / values, each (B, H, P, head_dim).
+            cache_lengths: (B,) tokens already in each row's cache.
+            cross: cross-attention keys / values, each (B, H, S, head_dim).
+            cross_lengths: (B,) real source positions per row (sources are left-aligned).
+
+        Returns:
+            The new states (B, 1, dim) and the caches with this token written.
+        """
+        self_attn, cross_attn = self.self_attn, self.cross_attn
+        if self.norm_first:
+            h = self.self_attn_norm(x)
+            attn, key, value = self_attn.self_attend_inplace(h, *cache, cache_lengths)
+            x = x + self.dropout(attn)
+            h = self.cross_attn_norm(x)
+            x = x + self.dropout(cross_attn.attend_lengths(h, *cross, cross_lengths))
+            x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+            return x, (key, value)
+        attn, key, value = self_attn.self_attend_inplace(x, *cache, cache_lengths)
+        x = self.self_attn_norm(x + self.dropout(attn))
+        cross_out = cross_attn.attend_lengths(x, *cross, cross_lengths)
+        x = self.cross_attn_norm(x + self.dropout(cross_out))
+        x = self.ffn_norm(x + self.dropout(self.ffn(x)))
+        return x, (key, value)
+
 
 class TransformerDecoder(nn.Module):
     """Token embedding + positions + decoder blocks + LM head (tied to the embedding).
@@ -381,11 +342,44 @@ class TransformerDecoder(nn.Module):
         for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
             x, present = layer(x, layer_past, self_mask, layer_cross, cross_mask)
             presents.append(present)
+        return self.logits(x), presents
+
+    def step_inplace(
+        self,
+        input_ids: Tensor,
+        cache_lengths: Tensor,
+        caches: Sequence[KVCache],
+        cross: Sequence[KVCache],
+        cross_lengths: Tensor,
+    ) -> tuple[Tensor, list[KVCache]]:
+        """One new token per row with fixed-capacity caches (the in-place decoder graph).
+
+        Args:
+            input_ids: (B, 1) int64.
+            cache_lengths: (B,) int64 tokens already cached per row; also the new token's
+                position.
+            caches: per layer (key, value), each (B, H, P, head_dim), P = capacity.
+            cross: per layer (key, value), each (B, H, S, head_dim).
+            cross_lengths: (B,) int64 real source positions per row.
+
+        Returns:
+            logits (B, 1, vocab) and the caches with the new token written at ``cache_lengths``.
+        """
+        positions = cache_lengths[:, None]  # (B, 1)
+        x = self.embed_tokens(input_ids) * self.embed_scale + self.positions(positions)
+        x = self.dropout(x)
+        written: list[KVCache] = []
+        for layer, cache, layer_cross in zip(self.layers, caches, cross, strict=True):
+            x, cache = layer.forward_inplace(x, cache, cache_lengths, layer_cross, cross_lengths)
+            written.append(cache)
+        return self.logits(x), written
+
+    def logits(self, x: Tensor) -> Tensor:
+        """(B, T, vocab) logits of the last block's states, in fp32."""
         x = self.final_norm(x)
         # Logits in fp32 even in a half model: fp16 cannot resolve logits above 16 to 1e-2.
         weight = self.embed_tokens.weight.float()
-        logits = F.linear(x.float(), weight) + self.final_logits_bias.float()  # (B, T, V)
-        return logits, presents
+        return F.linear(x.float(), weight) + self.final_logits_bias.float()  # (B, T, V)
 
 
 class EncoderStack(nn.Module):
@@ -445,3 +439,14 @@ class EncoderDecoderModel(nn.Module):
     ) -> tuple[Tensor, list[KVCache]]:
         """Decoder graph: see ``TransformerDecoder.forward``."""
         return self.decoder(input_ids, position_ids, past, self_key_mask, cross, cross_key_mask)
+
+    def decode_step_inplace(
+        self,
+        input_ids: Tensor,
+        cache_lengths: Tensor,
+        caches: list[KVCache],
+        cross: list[KVCache],
+        cross_lengths: Tensor,
+    ) -> tuple[Tensor, list[KVCache]]:
+        """In-place decoder graph: see ``TransformerDecoder.step_inplace``."""
+        return self.decoder.step_inplace(input_ids, cache_lengths, caches, cross, cross_lengths)

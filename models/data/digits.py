@@ -2,7 +2,7 @@
 
 The 8x8 images (values 0..16) are scaled to uint8, upscaled with PIL's bilinear filter and
 replicated to three channels. Serving receives PNGs of such 32x32 images and decodes them with
-``models.data.images.decode_image``, which resizes with the same PIL filter when needed.
+``contract.images.decode_image``, which resizes with the same PIL filter when needed.
 
 No torch here.
 """

@@ -17,6 +17,12 @@ Kinds:
 * ``phrase``: a noun followed by a number (``"page twelve"`` -> ``"Seite zwölf"``), or
   ``"in {year}"``. The number always follows the noun, so no agreement issues arise.
 
+The sources are num2words' spelling: lower case, single spaces, hyphenated compounds. What people
+type differs (``"Forty two."``); ``SOURCE_NORMALIZER`` (``contract.normalize`` steps) maps those
+variants back onto the spelling, exactly: it is the identity on every source of every kind. The
+translator stores it with its checkpoint and serving applies it to request text.
+``variant_sources`` builds the variants suite from held-out pairs.
+
 No torch here.
 """
 
@@ -37,6 +43,28 @@ KINDS: tuple[str, ...] = ("cardinal", "ordinal", "year", "phrase")
 SPLITS: tuple[str, ...] = ("train", "test")
 KIND_PROBABILITIES: tuple[float, ...] = (0.5, 0.15, 0.15, 0.2)
 TEST_FRACTION = 0.02
+
+# Steps of contract.normalize, in order: what people type -> the sources' spelling.
+SOURCE_NORMALIZER: tuple[str, ...] = (
+    "nfkc",
+    "lowercase",
+    "hyphens",
+    "whitespace",
+    "final_stop",
+    "en_number_words",
+)
+VARIANT_KINDS: tuple[str, ...] = (
+    "capitalised",  # "Three hundred and twelve"
+    "upper",  # "THREE HUNDRED AND TWELVE"
+    "title",  # "Three Hundred And Twelve"
+    "spaces",  # "  three  hundred and twelve " (surrounding and repeated whitespace)
+    "hyphen_as_space",  # "forty two" for "forty-two"
+    "spaced_hyphen",  # "forty - two"
+    "full_stop",  # "three hundred and twelve."
+    "no_and",  # "three hundred twelve", "one thousand three hundred" (US style, no comma)
+    "a_for_one",  # "a hundred and one", "a thousand"
+    "combined",  # two to four of the above at once
+)
 
 MAX_CARDINAL = 1_000_000
 MAX_ORDINAL = 100_000
@@ -314,3 +342,99 @@ def _converter(lang: str) -> Any:
             if getattr(fast, f"to_{to}")(value) != num2words(value, lang=lang, to=to):
                 return original
     return fast
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A held-out pair's source as someone might type it.
+
+    Attributes:
+        pair: The held-out pair (its ``source`` is the canonical spelling, ``target`` the answer).
+        text: The variant source text.
+        kind: One of ``VARIANT_KINDS``.
+    """
+
+    pair: Pair
+    text: str
+    kind: str
+
+
+_VARIANT_RULES: dict[str, Any] = {
+    "capitalised": lambda text, rng: text[:1].upper() + text[1:],
+    "upper": lambda text, rng: text.upper(),
+    "title": lambda text, rng: " ".join(w.capitalize() for w in text.split(" ")),
+    "spaces": lambda text, rng: _spaced(text, rng),
+    "hyphen_as_space": lambda text, rng: text.replace("-", " "),
+    "spaced_hyphen": lambda text, rng: text.replace("-", " - "),
+    "full_stop": lambda text, rng: text + ".",
+    "no_and": lambda text, rng: text.replace(" and ", " ").replace(",", ""),
+    "a_for_one": lambda text, rng: _a_for_one(text),
+}
+
+
+def variant_sources(pairs: list[Pair], seed: int = 0) -> list[Variant]:
+    """The variants suite: every pair's source in every ``VARIANT_KINDS`` way that changes it.
+
+    Deterministic for ``(pairs, seed)``. A kind that would leave a source unchanged (no hyphen
+    to replace, no "and" to drop, no "one hundred" to write as "a hundred") gives no variant.
+
+    Args:
+        pairs: Held-out pairs (``generate_pairs(..., split="test")``).
+        seed: Seeds the random parts (where spaces go, which kinds are combined).
+
+    Returns:
+        The variants, pair by pair, in ``VARIANT_KINDS`` order.
+    """
+    rng = np.random.default_rng(seed)
+    single = [kind for kind in VARIANT_KINDS if kind != "combined"]
+    variants = []
+    for pair in pairs:
+        for kind in VARIANT_KINDS:
+            if kind == "combined":
+                chosen = rng.choice(len(single), size=int(rng.integers(2, 5)), replace=False)
+                kinds = [single[i] for i in sorted(chosen)]
+            else:
+                kinds = [kind]
+            text = pair.source
+            for name in sorted(kinds, key=_APPLY_ORDER.index):
+                text = _VARIANT_RULES[name](text, rng)
+            if text != pair.source:
+                variants.append(Variant(pair, text, kind))
+    return variants
+
+
+# Word-level changes first, then case, then spacing and the full stop (so that they survive).
+_APPLY_ORDER = (
+    "no_and",
+    "a_for_one",
+    "hyphen_as_space",
+    "spaced_hyphen",
+    "capitalised",
+    "upper",
+    "title",
+    "full_stop",
+    "spaces",
+)
+
+
+def _spaced(text: str, rng: np.random.Generator) -> str:
+    """Whitespace around the text and a doubled (or tabbed) gap between two words."""
+    words = text.split(" ")
+    if len(words) > 1:
+        gap = int(rng.integers(0, len(words) - 1))
+        words[gap] += str(rng.choice(["  ", " \t", "   "])).removesuffix(" ")
+    before, after = (str(rng.choice(["", " ", "  ", "\t", "\n"])) for _ in range(2))
+    return before + " ".join(words) + after + (" " if not after else "")
+
+
+def _a_for_one(text: str) -> str:
+    """ "one hundred" / "one thousand" written "a hundred" / "a thousand" where they start the
+    number (the first word, or the word after a phrase's noun)."""
+    words = text.split(" ")
+    nouns = {template.english.split(" ")[0] for template in TEMPLATES}
+    for i in range(len(words) - 1):
+        starts = i == 0 or words[i - 1] in nouns
+        if starts and words[i] == "one" and words[i + 1] in ("hundred", "thousand"):
+            words[i] = "a"
+            return " ".join(words)
+    return text

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from contract.images import pixel_values
+from contract.tokenizer import SubwordTokenizer
 from models.captioner import Captioner, preset
 from models.checkpoint import round_to_storage, save_checkpoint
 from models.data import shapes
-from models.data.images import pixel_values
 from models.evaluate import evaluate_captioner
-from models.tokenizer import SubwordTokenizer
 from models.train.common import (
     TrainSettings,
     decoder_io,

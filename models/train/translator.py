@@ -11,10 +11,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from contract.normalize import SourceNormalizer, write_normalizer
+from contract.tokenizer import SubwordTokenizer
 from models.checkpoint import round_to_storage, save_checkpoint
-from models.data.translation import Pair, generate_pairs, language_tags
+from models.data.translation import (
+    SOURCE_NORMALIZER,
+    Pair,
+    generate_pairs,
+    language_tag,
+    language_tags,
+)
 from models.evaluate import evaluate_translator
-from models.tokenizer import SubwordTokenizer
 from models.train.common import (
     TrainSettings,
     decoder_io,
@@ -41,8 +48,14 @@ def train_tokenizer(pairs: list[Pair], vocab_size: int = VOCAB_SIZE) -> SubwordT
 
 
 def encode_pairs(pairs: list[Pair], tokenizer: SubwordTokenizer) -> tuple[list, list]:
-    """Token ids of tagged sources and of targets, both ending in EOS."""
-    sources = tokenizer.encode_batch([p.tagged_source() for p in pairs])
+    """Token ids of tagged sources and of targets, both ending in EOS.
+
+    Sources go through ``SOURCE_NORMALIZER`` first, as serving's request text does (the
+    generated sources are already in its spelling, so this changes none of them).
+    """
+    normalize = SourceNormalizer(SOURCE_NORMALIZER)
+    tagged = [f"{language_tag(p.lang)} {normalize(p.source)}" for p in pairs]
+    sources = tokenizer.encode_batch(tagged)
     targets = tokenizer.encode_batch([p.target for p in pairs])
     return sources, targets
 
@@ -100,6 +113,7 @@ def train(
     held_out = evaluate_translator(model, tokenizer, examples=eval_examples)
     metrics = {"training": history, "held_out": held_out}
     save_checkpoint(out_dir, "translator", model, tokenizer, metrics)
+    write_normalizer(out_dir, SOURCE_NORMALIZER)  # serving normalises request text the same way
     return metrics
 
 

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from contract.images import pixel_values
 from models.checkpoint import round_to_storage, save_checkpoint
 from models.data.digits import load_digits_split
-from models.data.images import pixel_values
 from models.evaluate import evaluate_vit
 from models.train.common import TrainSettings, seed_everything, train_loop
 from models.vit import ViT, preset

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnserve_cli import main
+from contract.tokenizer import SubwordTokenizer
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.tokenizer import SubwordTokenizer
 from models.translator import Translator, preset
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from models import captioner, translator, vit
+from models.attention import causal_self_mask
 from models.generation import greedy_generate, sample_next
-from models.layers import causal_self_mask, sinusoidal_table
+from models.layers import sinusoidal_table
 
 torch.manual_seed(0)
 
@@ -143,6 +144,58 @@ def test_ragged_past_with_holes_matches_unpadded_row() -> None:
             mask,
         )
     assert torch.allclose(alone[:, 2:], holey, atol=1e-5)
+
+
+def _inplace_vs_full(model, cross, cross_mask, tokens: torch.Tensor, capacity: int) -> float:
+    """Max |logits| difference between in-place steps (rows starting at different steps, as in
+    flight) and one full pass per row."""
+    batch, length = tokens.shape
+    config = model.config
+    caches = [
+        (torch.zeros(batch, config.num_heads, capacity, config.head_dim),) * 2
+        for _ in range(config.decoder_layers)
+    ]
+    start = torch.arange(batch)  # row b joins at step b: the rows' caches have ragged lengths
+    cross_lengths = cross_mask.sum(1)
+    empty = model.decoder.empty_past(batch, cross[0][0])
+    positions = torch.arange(length).expand(batch, -1)
+    full, _ = model.decode_step(
+        tokens, positions, empty, torch.ones(batch, length, dtype=torch.long), cross, cross_mask
+    )
+    worst = 0.0
+    for step in range(length + batch):
+        fed = (step - start).clamp(0, length - 1)  # each row's position; idle rows repeat
+        logits, written = model.decode_step_inplace(
+            tokens.gather(1, fed[:, None]), fed, caches, cross, cross_lengths
+        )
+        live = (step >= start) & (step - start < length)
+        caches = [  # rows that did not really take a step keep their cache
+            tuple(torch.where(live[:, None, None, None], n, o) for n, o in zip(w, c, strict=True))
+            for w, c in zip(written, caches, strict=True)
+        ]
+        for row in live.nonzero().flatten().tolist():
+            diff = (logits[row, 0] - full[row, fed[row]]).abs().max().item()
+            worst = max(worst, diff)
+    return worst
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_inplace_cache_matches_full_recompute_on_ragged_rows(norm_first: bool) -> None:
+    model = _translator(norm_first=norm_first)
+    src, mask = _source()
+    with torch.no_grad():
+        _, cross = model.encode(src, mask)
+        tokens = torch.randint(4, 128, (3, 10))
+        assert _inplace_vs_full(model, cross, mask, tokens, capacity=16) < 1e-5
+
+
+def test_captioner_inplace_cache_matches_full_recompute() -> None:
+    model = _captioner()
+    with torch.no_grad():
+        size = model.config.image_size
+        _, cross = model.encode(torch.randn(2, 3, size, size))
+        mask = torch.ones(2, cross[0][0].shape[2], dtype=torch.long)
+        assert _inplace_vs_full(model, cross, mask, torch.randint(4, 60, (2, 7)), 8) < 1e-5
 
 
 def test_causal_mask_shape_and_content() -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from contract.normalize import read_normalizer
 from models.checkpoint import load_checkpoint
+from models.data.translation import SOURCE_NORMALIZER
 from models.train import captioner, translator, vit
 
 
@@ -22,6 +24,7 @@ def test_translator_loss_falls(tmp_path: Path) -> None:
     assert 0.0 <= metrics["held_out"]["exact_match"] <= 1.0
     checkpoint = load_checkpoint(tmp_path, expected_kind="translator")
     assert checkpoint.config.vocab_size == checkpoint.tokenizer.vocab_size
+    assert read_normalizer(tmp_path) == SOURCE_NORMALIZER  # what serving applies to requests
 
 
 def test_vit_loss_falls(tmp_path: Path) -> None:
