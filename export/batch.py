@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.schema import SchemaError, load_yaml
 from export.errors import DestinationError, ExportError, SourceError
-from serving.schema import SchemaError, load_yaml
 
 DEFAULT_JOBS = 2
 SUMMARY_FILE = "export-summary.json"
@@ -188,10 +188,10 @@ def _source_kind(directory: Path) -> str | None:
     if not isinstance(data, dict):
         return None
     if "architectures" in data or "model_type" in data:  # Hugging Face, as in export.sources
-        from export.hf_import import KINDS, hf_architecture
+        from export.hf import hf_kind
 
         try:
-            return KINDS[hf_architecture(data)]
+            return hf_kind(data)
         except SourceError:
             return None
     kind = data.get("kind")

@@ -1,4 +1,4 @@
-"""`attnserve export` and `attnserve export-all`. torch is imported only when a command runs."""
+"""`attnserve export`, `export-all` and `eval`. torch is imported only when a command runs."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from serving.model_config import CONFIG_FILE  # noqa: F401 - torch-free import check
+from contract.graphs import DEFAULT_OPSET, FUSED_ATTENTION_OPSET
+from contract.tensorrt import FLAVOUR_CHOICES
+from models.config import MODEL_KINDS
 
-DEFAULT_OPSET = 23
 PRECISIONS = ("fp32", "fp16", "int8")
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Register the export and export-all subcommands."""
+    """Register the export, export-all and eval subcommands."""
     export = subparsers.add_parser(
         "export",
         help="export a model to an ONNX model-repository entry, checked against PyTorch",
@@ -36,13 +37,20 @@ def add_parsers(subparsers: Any) -> None:
         "--opset",
         type=int,
         default=DEFAULT_OPSET,
-        help="ONNX opset; >= 23 gives the fused Attention op (default 23)",
+        help=f"ONNX opset; >= {FUSED_ATTENTION_OPSET} gives the fused Attention op "
+        f"(default {DEFAULT_OPSET})",
     )
     export.add_argument("--precision", choices=PRECISIONS, default="fp32")
     export.add_argument(
         "--tensorrt",
         action="store_true",
         help="also build TensorRT engines (needs TensorRT and an NVIDIA GPU)",
+    )
+    export.add_argument(
+        "--tensorrt-flavour",
+        choices=FLAVOUR_CHOICES,
+        help="TensorRT or TensorRT-RTX for --tensorrt (default: ATTNSERVE_TENSORRT_FLAVOUR, else "
+        "auto: TensorRT if it imports, then TensorRT-RTX)",
     )
     export.add_argument("--force", action="store_true", help="overwrite an existing version")
     export.add_argument(
@@ -65,6 +73,22 @@ def add_parsers(subparsers: Any) -> None:
     )
     export_all.set_defaults(handler=run_export_all)
 
+    evaluate = subparsers.add_parser(
+        "eval", help="print held-out metrics of a checkpoint as JSON (last line of stdout)"
+    )
+    evaluate.add_argument("kind", choices=MODEL_KINDS)
+    source = evaluate.add_mutually_exclusive_group()
+    source.add_argument(
+        "--checkpoint", type=Path, help="checkpoint directory (default: the shipped one)"
+    )
+    source.add_argument(
+        "--repository",
+        type=Path,
+        help="an exported model-repository entry REPOSITORY/NAME, evaluated through ONNX Runtime",
+    )
+    evaluate.add_argument("--examples", type=int, help="held-out examples (default: all / 1500)")
+    evaluate.set_defaults(handler=run_eval)
+
 
 def run_export(args: argparse.Namespace) -> int:
     """Export one model and print a summary JSON line."""
@@ -78,6 +102,7 @@ def run_export(args: argparse.Namespace) -> int:
         opset=args.opset,
         precision=args.precision,
         tensorrt=args.tensorrt,
+        tensorrt_flavour=args.tensorrt_flavour,
         force=args.force,
         parity_examples=args.parity_examples,
     )
@@ -105,3 +130,34 @@ def run_export_all(args: argparse.Namespace) -> int:
     from export.batch import run_plan
 
     return run_plan(args.plan, jobs=args.jobs or None, repository=args.repository)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Evaluate a checkpoint (or an exported repository entry) and print one JSON line."""
+    if args.repository is not None:
+        from export.evaluate import evaluate_repository  # ONNX Runtime path (export issue)
+
+        result = evaluate_repository(args.kind, args.repository, examples=args.examples)
+        print(json.dumps({"kind": args.kind, "repository": str(args.repository), **result}))
+        return 0
+    from models import evaluate
+    from models.checkpoint import load_checkpoint, shipped_checkpoint
+
+    directory = args.checkpoint or shipped_checkpoint(args.kind)
+    checkpoint = load_checkpoint(directory, expected_kind=args.kind)
+    if args.kind == "translator":
+        result = evaluate.evaluate_translator(
+            checkpoint.model, checkpoint.tokenizer, **_examples(args)
+        )
+    elif args.kind == "captioner":
+        result = evaluate.evaluate_captioner(
+            checkpoint.model, checkpoint.tokenizer, **_examples(args)
+        )
+    else:
+        result = evaluate.evaluate_vit(checkpoint.model)
+    print(json.dumps({"kind": args.kind, "checkpoint": str(directory), **result}))
+    return 0
+
+
+def _examples(args: argparse.Namespace) -> dict[str, int]:
+    return {} if args.examples is None else {"examples": args.examples}

@@ -6,27 +6,30 @@ forward pass runs the exported graphs (so fp16 / int8 variants can be compared w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from contract.images import pixel_values
+from contract.model_config import ClassifierConfig, GeneratorConfig
+from contract.repository import read_model_config, resolve_version
+from contract.tokenizer import SubwordTokenizer
+from export.serving_runner import (
+    Backend,
+    Encoded,
+    Seq2SeqRunner,
+    decode_caches,
+    greedy,
+    make_backend,
+)
 from models.data import digits, shapes
-from models.data.images import pixel_values
 from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED, text_metrics, translation_report
-from models.tokenizer import SubwordTokenizer
-from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.model_config import (
-    CLASSIFIER_FILE,
-    DECODER_FILE,
-    ENCODER_FILE,
-    ModelConfig,
-    read_model_config,
-    resolve_version,
-)
-from serving.seq2seq import Seq2SeqRunner
 
+EVAL_BATCH = 128  # held-out examples decoded together
+Decode = Callable[[Encoded], list[list[int]]]  # greedy tokens of an encoded batch
 TASK_OF_KIND = {"translator": "translation", "captioner": "captioning", "vit": "classification"}
 
 
@@ -48,18 +51,21 @@ def evaluate_repository(
         )
     version_dir = resolve_version(entry, version)
     result: dict[str, Any] = {"precision": config.precision, "version": int(version_dir.name)}
-    if kind == "vit":
-        backend = OnnxRuntimeBackend(version_dir, {"model": CLASSIFIER_FILE}, config.onnxruntime)
+    backend = make_backend(config, version_dir)  # the graphs the server would use
+    if isinstance(config, ClassifierConfig):
         return {**result, **_classifier_metrics(backend, config)}
-    backend = OnnxRuntimeBackend(
-        version_dir, {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}, config.onnxruntime
-    )
-    assert config.decoder is not None
     runner = Seq2SeqRunner(backend, config.decoder)
+    caches = decode_caches(backend, config, rows=EVAL_BATCH)
+    result["kv_cache"] = "inplace" if "inplace" in caches else "growing"
+    cache = caches[result["kv_cache"]]
+
+    def decode(encoded: Encoded) -> list[list[int]]:
+        return greedy(cache, encoded, config.decoder, config.limits.max_new_tokens)
+
     tokenizer = SubwordTokenizer.load(version_dir)
     if kind == "translator":
-        return {**result, **_translator_metrics(runner, tokenizer, config, examples or 1500)}
-    return {**result, **_captioner_metrics(runner, tokenizer, config, examples or 1000)}
+        return {**result, **_translator_metrics(runner, decode, tokenizer, examples or 1500)}
+    return {**result, **_captioner_metrics(runner, decode, tokenizer, config, examples or 1000)}
 
 
 def _pad(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,45 +80,44 @@ def _pad(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _translator_metrics(
     runner: Seq2SeqRunner,
+    decode: Decode,
     tokenizer: SubwordTokenizer,
-    config: ModelConfig,
     examples: int,
-    batch: int = 128,
+    batch: int = EVAL_BATCH,
 ) -> dict[str, Any]:
-    assert config.decoder is not None
     pairs = generate_pairs(examples, seed=EVAL_SEED, split="test")
     hypotheses: list[str] = []
     for first in range(0, len(pairs), batch):
         chunk = pairs[first : first + batch]
         ids, mask = _pad(
-            tokenizer.encode_batch([p.tagged_source() for p in chunk]), config.decoder.pad_id
+            tokenizer.encode_batch([p.tagged_source() for p in chunk]), runner.spec.pad_id
         )
         encoded = runner.encode({"input_ids": ids, "attention_mask": mask})
-        hypotheses += tokenizer.decode_batch(runner.greedy(encoded, config.limits.max_new_tokens))
+        hypotheses += tokenizer.decode_batch(decode(encoded))
     return translation_report(pairs, hypotheses)
 
 
 def _captioner_metrics(
     runner: Seq2SeqRunner,
+    decode: Decode,
     tokenizer: SubwordTokenizer,
-    config: ModelConfig,
+    config: GeneratorConfig,
     examples: int,
-    batch: int = 128,
+    batch: int = EVAL_BATCH,
 ) -> dict[str, Any]:
-    assert config.image is not None
+    assert config.image is not None  # GeneratorConfig requires it for image input
     data = shapes.generate(examples, seed=EVAL_SEED, split="test")
     hypotheses: list[str] = []
     for first in range(0, len(data), batch):
         images = np.stack([image for image, _ in data[first : first + batch]])
         pixels = pixel_values(images, config.image.mean, config.image.std).astype(runner.kv_dtype)
         encoded = runner.encode({"pixel_values": pixels})
-        hypotheses += tokenizer.decode_batch(runner.greedy(encoded, config.limits.max_new_tokens))
+        hypotheses += tokenizer.decode_batch(decode(encoded))
     scores = text_metrics(hypotheses, [text for _, text in data])
     return {"examples": len(data), "exact_match": scores["exact_match"], "bleu": scores["bleu"]}
 
 
-def _classifier_metrics(backend: OnnxRuntimeBackend, config: ModelConfig) -> dict[str, Any]:
-    assert config.image is not None
+def _classifier_metrics(backend: Backend, config: ClassifierConfig) -> dict[str, Any]:
     images, labels = digits.load_digits_split("test")
     dtype = np.float16 if config.precision == "fp16" else np.float32
     pixels = pixel_values(images, config.image.mean, config.image.std).astype(dtype)

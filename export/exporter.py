@@ -13,8 +13,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from contract.graphs import (
+    DECODER,
+    DECODER_INPLACE,
+    FUSED_ATTENTION_OPSET,
+    INPLACE_GRAPH_FILES,
+    MAX_OPSET,
+    MIN_OPSET,
+)
+from contract.images import pixel_values
+from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
+from contract.repository import REPOSITORY_FORMAT, write_manifest
+from export.cache_graphs import write_cache_graphs
 from export.errors import ExportError
-from export.onnx_export import FUSED_ATTENTION_OPSET, export_graph, op_census
+from export.onnx_export import export_graph, op_census
 from export.parity import (
     ParityReport,
     classifier_real_parity,
@@ -23,25 +35,22 @@ from export.parity import (
 )
 from export.precision import check_precision, model_for_precision, quantize_int8
 from export.repository import (
+    decoder_spec,
     library_versions,
     model_config_for,
     prepare_version_dir,
     write_entry_files,
-    write_manifest,
 )
+from export.serving_runner import OnnxRuntimeBackend, Seq2SeqRunner, decode_caches
 from export.sources import LoadedSource, load_source
 from export.spec import GraphSpec, graph_specs
 from export.triton import write_triton_config
 from models.data import digits, shapes
-from models.data.images import pixel_values
 from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED
 from models.train.common import pad_batch
-from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.model_config import OnnxRuntimeOptions
-from serving.seq2seq import Seq2SeqRunner
 
-MIN_OPSET, MAX_OPSET = 17, 24
+PARITY_BATCH = 32  # held-out examples per batch of the end-to-end parity check
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class ExportOptions:
     opset: int = FUSED_ATTENTION_OPSET  # >= 23: fused Attention op; lower: decomposed attention
     precision: str = "fp32"  # fp32 | fp16 | int8
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
+    tensorrt_flavour: str | None = None  # auto | tensorrt | rtx (None: ATTNSERVE_TENSORRT_FLAVOUR)
     force: bool = False  # overwrite an existing version
     parity_examples: int = 128  # held-out examples decoded end to end (>= 100)
     seed: int = 0
@@ -95,7 +105,9 @@ def export(
     manifest["export_seconds"] = round(time.perf_counter() - started, 1)
     config = model_config_for(loaded, name, options.precision)
     manifest["files"] += write_entry_files(loaded, repository / name, version_dir, config)
-    if config.kind == "classifier":
+    if loaded.entry.notes:  # what the entry's tokenizer, preprocessing and rules were read from
+        manifest["source"]["serving"] = loaded.entry.notes
+    if isinstance(config, ClassifierConfig):
         manifest["triton_config"] = write_triton_config(config, repository / name, version_dir)
     write_manifest(version_dir, manifest)
     return ExportResult(repository / name, version_dir, manifest)
@@ -118,14 +130,16 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
 
                 onnx_model = onnx.load(str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
+    helpers = _write_cache_graphs(loaded, version_dir, options.precision)
     backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
         version_dir,
-        {s.name: s.filename for s in specs},
+        {**{s.name: s.filename for s in specs}, **_helper_graphs(helpers)},
         OnnxRuntimeOptions(intra_op_threads=torch.get_num_threads()),
     )
     report = _parity(loaded, graph_specs(loaded.kind, model), backend, options)
     report.check()
     manifest: dict[str, Any] = {
+        "format": REPOSITORY_FORMAT,
         "name": options.name or loaded.kind,
         "version": options.version,
         "kind": loaded.kind,
@@ -139,16 +153,47 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
         "parity": report.as_dict(),
         "libraries": library_versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "files": [spec.filename for spec in specs],
+        "files": [spec.filename for spec in specs] + helpers,
     }
+    if helpers:
+        manifest["decoders"] = _decoder_variants(graphs, helpers)
     if options.tensorrt:
         from export.tensorrt import build_engines
 
         manifest["tensorrt"] = build_engines(version_dir, loaded, options)
         engines = manifest["tensorrt"]["engines"]
         manifest["files"] += [e["file"] for e in engines] + [e["layers_file"] for e in engines]
-        manifest["files"].append(manifest["tensorrt"]["timing_cache"])
+        if manifest["tensorrt"]["timing_cache"] is not None:  # TensorRT-RTX keeps none
+            manifest["files"].append(manifest["tensorrt"]["timing_cache"])
     return manifest
+
+
+def _write_cache_graphs(loaded: LoadedSource, version_dir: Path, precision: str) -> list[str]:
+    """The in-place decoder's cache helper graphs (seq2seq models only)."""
+    if loaded.kind == "vit":
+        return []
+    spec = decoder_spec(loaded.model.config)
+    kv_dtype = "fp16" if precision == "fp16" else "fp32"
+    return write_cache_graphs(version_dir, spec.num_layers, spec.num_heads, spec.head_dim, kv_dtype)
+
+
+def _decoder_variants(graphs: dict[str, Any], helpers: list[str]) -> dict[str, Any]:
+    """What manifest.json says about the two decoder graphs: the server prefers the in-place
+    one and falls back to the growing-cache graph where a runtime cannot run opset 24."""
+    return {
+        "inplace": {
+            "file": graphs[DECODER_INPLACE]["file"],
+            "opset": graphs[DECODER_INPLACE]["opset"],
+            "cache_graphs": helpers,
+            "kv_cache": "fixed capacity per row, written in place (TensorScatter + Attention "
+            "with nonpad_kv_seqlen)",
+        },
+        "fallback": {
+            "file": graphs[DECODER]["file"],
+            "opset": graphs[DECODER]["opset"],
+            "kv_cache": "present = past + new tokens (grows every step)",
+        },
+    }
 
 
 def _graph_facts(path: Path, onnx_model: Any, spec: GraphSpec) -> dict[str, Any]:
@@ -164,6 +209,7 @@ def _graph_facts(path: Path, onnx_model: Any, spec: GraphSpec) -> dict[str, Any]
         "bytes": path.stat().st_size,
         "inputs": inputs,
         "outputs": list(spec.output_names),
+        "opset": next(o.version for o in onnx_model.opset_import if o.domain in ("", "ai.onnx")),
         "attention_nodes": census.get("Attention", 0),
         "has_attention": True,
         "op_types": census,
@@ -189,20 +235,31 @@ def _parity(
         classifier_real_parity(model, backend, pixels, report, float_dtype)
         return report
     config = model.config
-    spec = model_config_for(loaded, "parity", options.precision).decoder
-    assert spec is not None
-    runner = Seq2SeqRunner(backend, spec)
+    entry = model_config_for(loaded, "parity", options.precision)
+    assert isinstance(entry, GeneratorConfig)  # not a vit, so a generator
+    runner = Seq2SeqRunner(backend, entry.decoder)
+    # Held-out texts may be longer than the served limit (the position table bounds them);
+    # image encoders always give limits.max_source_length positions.
+    sources = entry.limits.max_source_length
+    if entry.input == "text":
+        sources = max(sources, entry.decoder.max_positions)
+    caches = decode_caches(backend, entry, rows=PARITY_BATCH, source_capacity=sources)
     # The decoder's position table bounds both the reference targets and the generation.
-    longest = spec.max_positions - 1
+    longest = entry.decoder.max_positions - 1
     for inputs, targets in _seq2seq_batches(loaded, n):
         clipped = [t[:longest] for t in targets]
         seq2seq_real_parity(
-            model, runner, inputs, clipped, report, min(config.max_target_length, longest)
+            model, runner, caches, inputs, clipped, report, min(config.max_target_length, longest)
         )
     return report
 
 
-def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = 32):
+def _helper_graphs(files: list[str]) -> dict[str, str]:
+    """Graph name -> file of the cache helper graphs written next to the decoders."""
+    return {graph: file for graph, file in INPLACE_GRAPH_FILES.items() if file in files}
+
+
+def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = PARITY_BATCH):
     """Held-out (inputs, reference target ids) batches for end-to-end parity."""
     config = loaded.model.config
     tokenizer = loaded.tokenizer

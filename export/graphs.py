@@ -1,19 +1,7 @@
 """Flat-input/-output wrappers that turn ``encode`` / ``decode_step`` into exportable graphs.
 
-The names are the ONNX contract shared with the serving package (see shared/DESIGN.md):
-
-encoder (translator): input_ids, attention_mask            [batch, source_length] int64
-encoder (captioner):  pixel_values                         [batch, 3, H, W] float
-   -> encoder_hidden_states [batch, source_length, d_model],
-      cross_key.{i}, cross_value.{i} [batch, heads, source_length, head_dim] for every layer i
-decoder: input_ids, position_ids [batch, new_tokens] int64,
-         self_attention_mask [batch, past_length + new_tokens] int64 (1 = real token),
-         cross_attention_mask [batch, source_length] int64,
-         past_key.{i}, past_value.{i} [batch, heads, past_length, head_dim],
-         cross_key.{i}, cross_value.{i}
-   -> logits [batch, new_tokens, vocab], present_key.{i}, present_value.{i}
-      [batch, heads, past_length + new_tokens, head_dim] (past + new, fed back as the next past)
-classifier: pixel_values [batch, 3, H, W] -> logits [batch, classes]
+Their inputs and outputs are named by ``contract.graphs`` (the graph contract shared with
+serving); ``export.spec`` pairs each wrapper with those names, example inputs and dynamic axes.
 """
 
 from __future__ import annotations
@@ -21,30 +9,6 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 KV = tuple[tuple[Tensor, Tensor], ...]
-
-
-def kv_names(prefix: str, num_layers: int) -> list[str]:
-    """[prefix_key.0, prefix_value.0, prefix_key.1, ...] in the order the graphs flatten them."""
-    return [f"{prefix}_{part}.{i}" for i in range(num_layers) for part in ("key", "value")]
-
-
-def encoder_output_names(num_layers: int) -> list[str]:
-    return ["encoder_hidden_states", *kv_names("cross", num_layers)]
-
-
-def decoder_input_names(num_layers: int) -> list[str]:
-    return [
-        "input_ids",
-        "position_ids",
-        "self_attention_mask",
-        "cross_attention_mask",
-        *kv_names("past", num_layers),
-        *kv_names("cross", num_layers),
-    ]
-
-
-def decoder_output_names(num_layers: int) -> list[str]:
-    return ["logits", *kv_names("present", num_layers)]
 
 
 def _flatten(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, ...]:
@@ -100,6 +64,27 @@ class DecoderGraph(nn.Module):
             cross_attention_mask,
         )
         return (logits, *_flatten(presents))
+
+
+class InPlaceDecoderGraph(nn.Module):
+    """One decoder step (one new token per row) over a fixed-capacity cache written in place."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        cache_lengths: Tensor,
+        cross_lengths: Tensor,
+        caches: KV,
+        cross: KV,
+    ) -> tuple[Tensor, ...]:
+        logits, written = self.model.decode_step_inplace(
+            input_ids, cache_lengths, list(caches), list(cross), cross_lengths
+        )
+        return (logits, *_flatten(written))
 
 
 class ClassifierGraph(nn.Module):

@@ -16,7 +16,6 @@ import torch
 from export.errors import ExportError
 from export.spec import AUTO_AXIS_NAMES, GraphSpec
 
-FUSED_ATTENTION_OPSET = 23  # SDPA becomes the standard ONNX Attention op from this opset on
 LEGACY_OPSET = 18  # decomposed MatMul / Softmax attention for older runtimes
 
 
@@ -41,20 +40,36 @@ def export_graph(
                 input_names=spec.input_names,
                 output_names=spec.output_names,
                 dynamic_shapes=spec.dynamic_shapes,
-                opset_version=opset,
+                opset_version=spec.opset or opset,
                 dynamo=True,
                 external_data=False,
+                custom_translation_table=spec.custom_translations,
             )
         except Exception as err:  # torch.export raises many unrelated types
             raise ExportError(f"exporting the {spec.name} graph failed: {err}") from err
     model = onnx.load(str(path))
     _name_axes(model, spec)
+    drop_unused_outputs(model)
     try:
         onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as err:
         raise ExportError(f"the exported {spec.name} graph is invalid: {err}") from err
     onnx.save(model, str(path))
     return model
+
+
+def drop_unused_outputs(model: onnx.ModelProto) -> None:
+    """Remove the trailing outputs of nodes that nothing reads (optional outputs such as
+    ``Attention``'s present keys / values, which a runtime would otherwise compute)."""
+    read = {name for node in model.graph.node for name in node.input}
+    read |= {value.name for value in model.graph.output}
+    for node in model.graph.node:
+        outputs = list(node.output)
+        while len(outputs) > 1 and outputs[-1] not in read:
+            outputs.pop()
+        if len(outputs) < len(node.output):
+            del node.output[:]
+            node.output.extend(outputs)
 
 
 def cast_floats(values: Any, dtype: torch.dtype) -> Any:

@@ -84,11 +84,40 @@ def model_for_precision(model: nn.Module, precision: str) -> nn.Module:
     return model
 
 
+def fold_weight_transposes(model: onnx.ModelProto) -> int:
+    """Replace ``Transpose(initializer)`` feeding MatMuls by a transposed initializer.
+
+    The tied LM head computes ``x @ embedding.T``: the quantiser only quantises MatMuls whose
+    weight is an initializer, so without this the largest MatMul of a decoder step (d_model x
+    vocabulary) would stay fp32. Returns how many were folded.
+    """
+    from onnx import numpy_helper
+
+    weights = {init.name: init for init in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    folded = 0
+    for node in list(model.graph.node):
+        if node.op_type != "Transpose" or node.input[0] not in weights:
+            continue
+        if any(c.op_type != "MatMul" for c in consumers.get(node.output[0], [])):
+            continue
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        value = numpy_helper.to_array(weights[node.input[0]]).transpose(perm)
+        model.graph.initializer.append(numpy_helper.from_array(value.copy(), node.output[0]))
+        model.graph.node.remove(node)
+        folded += 1
+    return folded
+
+
 def quantize_int8(source: Path, target: Path) -> None:
     """Dynamic int8 quantisation of the MatMul weights of ``source`` into ``target``.
 
     Only MatMul is quantised: with the defaults ONNX Runtime rewrites the standard ``Attention``
-    op into its contrib ``QAttention``, which it then refuses to load (measured, see FACTS.md).
+    op into its contrib ``QAttention``, which it then refuses to load ("Unrecognized attribute:
+    is_causal for operator QAttention", onnxruntime 1.31).
 
     Raises:
         ExportError: when quantisation fails.
@@ -100,6 +129,7 @@ def quantize_int8(source: Path, target: Path) -> None:
     # and existing shape differ"); it re-infers them anyway.
     model = onnx.load(str(source))
     del model.graph.value_info[:]
+    fold_weight_transposes(model)
     clean = target.with_suffix(".unquantized.onnx")
     onnx.save(model, str(clean))
     try:

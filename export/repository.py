@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from export.errors import DestinationError
-from export.sources import LoadedSource
-from serving.model_config import (
-    MODEL_NAME_RULE,
-    Batching,
+from contract.model_config import (
+    ClassifierConfig,
     DecoderSpec,
+    GeneratorConfig,
+    GeneratorLimits,
     ImageSpec,
-    Limits,
+    InFlightBatching,
     ModelConfig,
-    OnnxRuntimeOptions,
+)
+from contract.repository import (
+    LABELS_FILE,
+    MODEL_NAME_RULE,
     is_valid_model_name,
     write_model_config,
 )
-
-TASKS = {"translator": "translation", "captioner": "captioning", "vit": "classification"}
+from export.errors import DestinationError
+from export.sources import EntryExtras, LoadedSource
 
 
 def prepare_version_dir(repository: Path, name: str, version: int, force: bool) -> Path:
@@ -53,29 +55,57 @@ def prepare_version_dir(repository: Path, name: str, version: int, force: bool) 
     return version_dir
 
 
-def model_config_for(
-    source: LoadedSource, name: str, precision: str, batching: Batching | None = None
-) -> ModelConfig:
-    """The config.yaml for an exported model: kind, limits, batching, decoder facts."""
+def model_config_for(source: LoadedSource, name: str, precision: str) -> ModelConfig:
+    """The config.yaml for an exported model: kind, limits, batching, decoder facts, the
+    tokenizer and the image preprocessing."""
     config = source.model.config
-    kind = source.kind
-    batching = batching or Batching()
-    if kind == "vit":
-        return ModelConfig(
+    if source.kind == "vit":
+        return ClassifierConfig(
             name=name,
-            kind="classifier",
-            task="classification",
-            input="image",
             precision=precision,  # type: ignore[arg-type]
-            limits=Limits(
-                max_batch_size=batching.max_batch_size, max_source_length=1, max_new_tokens=1
-            ),
-            batching=Batching(**{**_fields(batching), "in_flight": False}),
-            image=ImageSpec(config.image_size, tuple(config.image_mean), tuple(config.image_std)),
+            image=image_spec(source),
             labels=tuple(config.labels) or tuple(str(i) for i in range(config.num_classes)),
-            onnxruntime=OnnxRuntimeOptions(),
         )
-    decoder = DecoderSpec(
+    batching = InFlightBatching()
+    limits = GeneratorLimits(
+        max_batch_size=batching.max_active_sequences,
+        max_source_length=min(config.max_source_length, config.max_positions)
+        if source.kind == "translator"
+        else config.num_patches + 1,
+        max_new_tokens=min(config.max_target_length, config.max_positions - 1),
+    )
+    entry = source.entry
+    if source.kind == "translator":
+        languages = tuple((source.extra or {}).get("languages", ())) or _languages(source)
+        return GeneratorConfig(
+            name=name,
+            task="translation",
+            input="text",
+            precision=precision,  # type: ignore[arg-type]
+            limits=limits,
+            batching=batching,
+            decoder=decoder_spec(config, entry),
+            languages=languages if entry.languages is None else entry.languages,
+            tokenizer=entry.tokenizer,
+        )
+    return GeneratorConfig(
+        name=name,
+        task="captioning",
+        input="image",
+        precision=precision,  # type: ignore[arg-type]
+        limits=limits,
+        batching=batching,
+        decoder=decoder_spec(config, entry),
+        image=image_spec(source),
+        tokenizer=replace(entry.tokenizer, language_tag=""),
+    )
+
+
+def decoder_spec(config: Any, entry: EntryExtras | None = None) -> DecoderSpec:
+    """What serving's decode loop needs to know about an encoder-decoder model's graphs (and,
+    given the source's ``entry`` extras, its generation rules)."""
+    entry = entry or EntryExtras()
+    return DecoderSpec(
         num_layers=config.decoder_layers,
         num_heads=config.num_heads,
         head_dim=config.head_dim,
@@ -84,38 +114,19 @@ def model_config_for(
         eos_id=config.eos_id,
         decoder_start_id=config.decoder_start_id,
         max_positions=config.max_positions,
+        suppress_ids=entry.suppress_ids,
+        forced_eos=entry.forced_eos,
     )
-    if kind == "translator":
-        languages = tuple((source.extra or {}).get("languages", ())) or _languages(source)
-        return ModelConfig(
-            name=name,
-            kind="seq2seq",
-            task="translation",
-            input="text",
-            precision=precision,  # type: ignore[arg-type]
-            limits=Limits(
-                max_batch_size=batching.max_active_sequences,
-                max_source_length=min(config.max_source_length, config.max_positions),
-                max_new_tokens=min(config.max_target_length, config.max_positions - 1),
-            ),
-            batching=batching,
-            decoder=decoder,
-            languages=languages,
-        )
-    return ModelConfig(
-        name=name,
-        kind="seq2seq",
-        task="captioning",
-        input="image",
-        precision=precision,  # type: ignore[arg-type]
-        limits=Limits(
-            max_batch_size=batching.max_active_sequences,
-            max_source_length=config.num_patches + 1,
-            max_new_tokens=min(config.max_target_length, config.max_positions - 1),
-        ),
-        batching=batching,
-        decoder=decoder,
-        image=ImageSpec(config.image_size, tuple(config.image_mean), tuple(config.image_std)),
+
+
+def image_spec(source: LoadedSource) -> ImageSpec:
+    """The image preprocessing of an image model: size, mean, std and resize filter."""
+    config = source.model.config
+    return ImageSpec(
+        config.image_size,
+        tuple(config.image_mean),
+        tuple(config.image_std),
+        source.entry.resample,  # type: ignore[arg-type]
     )
 
 
@@ -128,12 +139,6 @@ def _languages(source: LoadedSource) -> tuple[str, ...]:
     return tuple(t[2:-1] for t in tags if t.startswith("<2") and t.endswith(">"))
 
 
-def _fields(obj: Any) -> dict[str, Any]:
-    import dataclasses
-
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-
-
 def write_entry_files(
     source: LoadedSource, entry: Path, version_dir: Path, config: ModelConfig
 ) -> list[str]:
@@ -142,9 +147,12 @@ def write_entry_files(
     written = []
     if source.tokenizer is not None:
         written.append(source.tokenizer.save(version_dir).name)
-    if config.labels:
-        (version_dir / "labels.txt").write_text("\n".join(config.labels) + "\n")
-        written.append("labels.txt")
+    for file_name, content in source.entry.tokenizer_files:
+        (version_dir / file_name).write_bytes(content)
+        written.append(file_name)
+    if isinstance(config, ClassifierConfig) and config.labels:
+        (version_dir / LABELS_FILE).write_text("\n".join(config.labels) + "\n")
+        written.append(LABELS_FILE)
     return written
 
 
@@ -167,10 +175,3 @@ def library_versions() -> dict[str, str]:
     except ImportError:  # pragma: no cover - onnxscript ships with the export extra
         pass
     return versions
-
-
-def write_manifest(version_dir: Path, manifest: dict[str, Any]) -> Path:
-    """Write VERSION/manifest.json."""
-    path = version_dir / "manifest.json"
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return path

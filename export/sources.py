@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from contract.model_config import TokenizerSpec
+from contract.normalize import NormalizerError, read_normalizer
+from contract.tokenizer import SubwordTokenizer
 from export.errors import SourceError
 from models.checkpoint import (
     MODEL_KINDS,
@@ -16,7 +19,21 @@ from models.checkpoint import (
     load_checkpoint,
     shipped_checkpoint,
 )
-from models.tokenizer import SubwordTokenizer
+
+
+@dataclass(frozen=True)
+class EntryExtras:
+    """What serving needs besides the graphs and our own tokenizer: the source's tokenizer files
+    and preprocessing, its generation rules. Hugging Face imports read them from the directory;
+    checkpoints of ours carry a normaliser at most."""
+
+    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)  # config.yaml `tokenizer`
+    tokenizer_files: tuple[tuple[str, bytes], ...] = ()  # (name, content) for the version folder
+    languages: tuple[str, ...] | None = None  # target languages; None: our tokenizer's tags
+    suppress_ids: tuple[int, ...] = ()  # never generated (bad_words_ids of one token)
+    forced_eos: bool = False  # the last position is EOS (forced_eos_token_id)
+    resample: str = "bilinear"  # image resize filter
+    notes: dict[str, Any] = field(default_factory=dict)  # for manifest.json: what was read
 
 
 @dataclass
@@ -28,8 +45,9 @@ class LoadedSource:
     tokenizer: SubwordTokenizer | None
     origin: str  # what the user passed
     checksum: str  # sha256 over the source's weight files
-    hf_tokenizer_dir: Path | None = None  # HF imports: tokenizer files copied as they are
+    hf_tokenizer_dir: Path | None = None  # HF imports: the directory the tokenizer came from
     extra: dict[str, Any] | None = None
+    entry: EntryExtras = field(default_factory=EntryExtras)
 
 
 def directory_checksum(directory: Path, suffixes: tuple[str, ...]) -> str:
@@ -57,12 +75,13 @@ def load_source(source: str) -> LoadedSource:
             "a Hugging Face save_pretrained directory"
         )
     if (directory / "config.json").is_file() and _is_hf_directory(directory):
-        from export.hf_import import load_hf_directory
+        from export.hf import load_hf_directory
 
         return load_hf_directory(directory)
     try:
         checkpoint = load_checkpoint(directory)
-    except CheckpointError as err:
+        normalizer = read_normalizer(directory)
+    except (CheckpointError, NormalizerError) as err:
         raise SourceError(str(err)) from err
     return LoadedSource(
         kind=checkpoint.kind,
@@ -70,6 +89,7 @@ def load_source(source: str) -> LoadedSource:
         tokenizer=checkpoint.tokenizer,
         origin=str(source),
         checksum=directory_checksum(directory, (".safetensors", ".json")),
+        entry=EntryExtras(tokenizer=TokenizerSpec(normalizer=normalizer)),
     )
 
 

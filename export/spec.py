@@ -10,14 +10,30 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from contract.graphs import (
+    CLASSIFIER,
+    CLASSIFIER_FILE,
+    DECODER,
+    DECODER_FILE,
+    DECODER_INPLACE,
+    DECODER_INPLACE_FILE,
+    ENCODER,
+    ENCODER_FILE,
+    IMAGE_INPUT,
+    INPLACE_OPSET,
+    LOGITS,
+    TEXT_ENCODER_INPUTS,
+    decoder_inplace_input_names,
+    decoder_input_names,
+    decoder_output_names,
+    encoder_output_names,
+)
 from export.graphs import (
     ClassifierGraph,
     DecoderGraph,
     ImageEncoderGraph,
+    InPlaceDecoderGraph,
     TextEncoderGraph,
-    decoder_input_names,
-    decoder_output_names,
-    encoder_output_names,
 )
 
 # Example sizes >= 2 on every dynamic axis: torch.export specialises axes seen as 0 or 1.
@@ -26,6 +42,8 @@ BATCH = Dim("batch", min=1, max=4096)
 SOURCE = Dim("source_length", min=1, max=8192)
 PAST = Dim("past_length", min=0, max=8192)
 NEW = Dim("new_tokens", min=1, max=8192)
+CAPACITY = Dim("capacity", min=1, max=8192)  # the in-place decoder's cache positions per row
+EXAMPLE_CAPACITY = 6
 # ONNX names for axes torch.export derives itself (Dim.AUTO), by (input name, axis).
 AUTO_AXIS_NAMES = {("self_attention_mask", 1): "total_length"}
 
@@ -41,6 +59,8 @@ class GraphSpec:
     input_names: list[str]
     output_names: list[str]
     dynamic_shapes: tuple[Any, ...]
+    opset: int | None = None  # None: the export's --opset; set for graphs that need a newer one
+    custom_translations: dict[Any, Any] | None = None  # ONNX translations of custom torch ops
 
 
 def _kv(batch: int, heads: int, length: int, head_dim: int, layers: int, g: torch.Generator):
@@ -86,13 +106,58 @@ def decoder_spec(model: nn.Module, source_axis: Any, source_length: int) -> Grap
         tuple((cross_axes, cross_axes) for _ in range(layers)),
     )
     return GraphSpec(
-        name="decoder",
-        filename="decoder.onnx",
+        name=DECODER,
+        filename=DECODER_FILE,
         module=DecoderGraph(model),
         example_inputs=decoder_example(config, source_length),
         input_names=decoder_input_names(layers),
         output_names=decoder_output_names(layers),
         dynamic_shapes=dynamic,
+    )
+
+
+def decoder_inplace_example(config: Any, source_length: int) -> Callable[[torch.Generator], tuple]:
+    """Random in-place decoder inputs: a fresh row, a row in mid-sequence, a nearly full one,
+    with full, padded and one-token sources."""
+
+    def make(g: torch.Generator) -> tuple:
+        b = EXAMPLE_BATCH
+        ids = torch.randint(3, config.vocab_size, (b, 1), generator=g)
+        cache_lengths = torch.tensor([0, 2, EXAMPLE_CAPACITY - 1])
+        cross_lengths = torch.tensor([source_length, max(1, source_length - 2), 1])
+        layers, heads, hd = config.decoder_layers, config.num_heads, config.head_dim
+        caches = _kv(b, heads, EXAMPLE_CAPACITY, hd, layers, g)
+        cross = _kv(b, heads, source_length, hd, layers, g)
+        return ids, cache_lengths, cross_lengths, caches, cross
+
+    return make
+
+
+def decoder_inplace_spec(model: nn.Module, source_axis: Any, source_length: int) -> GraphSpec:
+    """The decoder step over a fixed-capacity cache written in place (opset 24)."""
+    from export.onnx_ops import CUSTOM_TRANSLATIONS
+
+    config = model.config
+    layers = config.decoder_layers
+    cache_axes = {0: BATCH, 2: CAPACITY}
+    cross_axes = {0: BATCH, 2: source_axis}
+    dynamic = (
+        {0: BATCH},
+        {0: BATCH},
+        {0: BATCH},
+        tuple((cache_axes, cache_axes) for _ in range(layers)),
+        tuple((cross_axes, cross_axes) for _ in range(layers)),
+    )
+    return GraphSpec(
+        name=DECODER_INPLACE,
+        filename=DECODER_INPLACE_FILE,
+        module=InPlaceDecoderGraph(model),
+        example_inputs=decoder_inplace_example(config, source_length),
+        input_names=decoder_inplace_input_names(layers),
+        output_names=decoder_output_names(layers),
+        dynamic_shapes=dynamic,
+        opset=INPLACE_OPSET,
+        custom_translations=CUSTOM_TRANSLATIONS,
     )
 
 
@@ -107,15 +172,19 @@ def translator_specs(model: nn.Module) -> list[GraphSpec]:
         return ids.masked_fill(mask == 0, config.pad_id), mask
 
     encoder = GraphSpec(
-        name="encoder",
-        filename="encoder.onnx",
+        name=ENCODER,
+        filename=ENCODER_FILE,
         module=TextEncoderGraph(model),
         example_inputs=encoder_inputs,
-        input_names=["input_ids", "attention_mask"],
+        input_names=list(TEXT_ENCODER_INPUTS),
         output_names=encoder_output_names(config.decoder_layers),
         dynamic_shapes=({0: BATCH, 1: SOURCE}, {0: BATCH, 1: SOURCE}),
     )
-    return [encoder, decoder_spec(model, SOURCE, EXAMPLE_SOURCE)]
+    return [
+        encoder,
+        decoder_spec(model, SOURCE, EXAMPLE_SOURCE),
+        decoder_inplace_spec(model, SOURCE, EXAMPLE_SOURCE),
+    ]
 
 
 def captioner_specs(model: nn.Module) -> list[GraphSpec]:
@@ -127,16 +196,20 @@ def captioner_specs(model: nn.Module) -> list[GraphSpec]:
         return (torch.randn(EXAMPLE_BATCH, config.num_channels, size, size, generator=g),)
 
     encoder = GraphSpec(
-        name="encoder",
-        filename="encoder.onnx",
+        name=ENCODER,
+        filename=ENCODER_FILE,
         module=ImageEncoderGraph(model),
         example_inputs=encoder_inputs,
-        input_names=["pixel_values"],
+        input_names=[IMAGE_INPUT],
         output_names=encoder_output_names(config.decoder_layers),
         dynamic_shapes=({0: BATCH},),
     )
     positions = config.num_patches + 1
-    return [encoder, decoder_spec(model, positions, positions)]
+    return [
+        encoder,
+        decoder_spec(model, positions, positions),
+        decoder_inplace_spec(model, positions, positions),
+    ]
 
 
 def vit_specs(model: nn.Module) -> list[GraphSpec]:
@@ -149,12 +222,12 @@ def vit_specs(model: nn.Module) -> list[GraphSpec]:
 
     return [
         GraphSpec(
-            name="model",
-            filename="model.onnx",
+            name=CLASSIFIER,
+            filename=CLASSIFIER_FILE,
             module=ClassifierGraph(model),
             example_inputs=inputs,
-            input_names=["pixel_values"],
-            output_names=["logits"],
+            input_names=[IMAGE_INPUT],
+            output_names=[LOGITS],
             dynamic_shapes=({0: BATCH},),
         )
     ]

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.model_config import ModelConfig
+from contract.model_config import ClassifierConfig
 
 TRITON_CONFIG = "config.pbtxt"
 
 
-def triton_config_text(config: ModelConfig) -> str:
+def triton_config_text(config: ClassifierConfig) -> str:
     """config.pbtxt for a classifier entry (protobuf text format of Triton's ModelConfig)."""
-    if config.kind != "classifier" or config.image is None:
-        raise ValueError("a Triton config.pbtxt is written for classifier entries only")
     data_type = "TYPE_FP16" if config.precision == "fp16" else "TYPE_FP32"
     size = config.image.size
     batching = config.batching
@@ -46,7 +44,7 @@ dynamic_batching {{
 """
 
 
-def write_triton_config(config: ModelConfig, entry: Path, version_dir: Path) -> str:
+def write_triton_config(config: ClassifierConfig, entry: Path, version_dir: Path) -> str:
     """Write config.pbtxt (and Triton's entry-level labels.txt); returns the file name."""
     (entry / TRITON_CONFIG).write_text(triton_config_text(config))
     labels = version_dir / "labels.txt"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from attnserve_cli import main
+from contract.schema import SchemaError
 from export.batch import (
     SUMMARY_FILE,
     ExportTask,
@@ -18,7 +19,6 @@ from export.batch import (
     run_plan,
     worker_threads,
 )
-from serving.schema import SchemaError
 
 
 def write_plan(directory: Path, plan: dict[str, Any]) -> Path:

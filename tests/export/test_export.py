@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from attnserve_cli import main
+from contract.repository import REPOSITORY_FORMAT, read_model_config
+from contract.tokenizer import SubwordTokenizer
 from export.errors import DestinationError, ExportError, SourceError
 from export.exporter import ExportOptions, export
+from export.precision import fold_weight_transposes
 from export.sources import LoadedSource
 from models import captioner, translator, vit
 from models.checkpoint import save_checkpoint
-from models.tokenizer import SubwordTokenizer
-from serving.model_config import read_model_config
 
 FAST = ExportOptions(parity_examples=100)
 
@@ -37,17 +40,52 @@ def tiny_translator_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> None:
     version = tiny_translator_entry / "1"
     names = sorted(p.name for p in version.iterdir())
-    assert names == ["decoder.onnx", "encoder.onnx", "manifest.json", "tokenizer.json"]
+    assert names == [
+        "cache_copy.onnx",
+        "cache_resize.onnx",
+        "cache_write.onnx",
+        "decoder.onnx",
+        "decoder_inplace.onnx",
+        "encoder.onnx",
+        "manifest.json",
+        "tokenizer.json",
+    ]
     manifest = json.loads((version / "manifest.json").read_text())
     parity = manifest["parity"]
     assert parity["greedy_examples"] >= 100 and parity["greedy_agreement"] == 1.0
+    by_decoder = parity["greedy_identical_by_decoder"]
+    assert by_decoder == {"growing": parity["greedy_examples"], "inplace": by_decoder["growing"]}
+    decoders = manifest["decoders"]
+    assert (
+        decoders["inplace"]["file"] == "decoder_inplace.onnx" and decoders["inplace"]["opset"] == 24
+    )
+    assert decoders["fallback"] == {**decoders["fallback"], "file": "decoder.onnx", "opset": 23}
     assert max(parity["max_abs_diff"].values()) <= 1e-4
     assert max(parity["real_max_abs_diff"].values()) <= 1e-4
     assert manifest["opset"] == 23 and manifest["fused_attention"] is True
+    assert manifest["format"] == REPOSITORY_FORMAT
     assert set(manifest["libraries"]) >= {"torch", "onnx", "onnxruntime"}
     config = read_model_config(tiny_translator_entry)
     assert config.kind == "seq2seq" and config.languages == ("de", "fr")
     assert config.decoder is not None and config.decoder.num_layers == 2
+
+
+def test_inplace_decoder_writes_a_fixed_capacity_cache(tiny_translator_entry: Path) -> None:
+    graph = onnx.load(str(tiny_translator_entry / "1" / "decoder_inplace.onnx"))
+    nodes = graph.graph.node
+    scatters = [n for n in nodes if n.op_type == "TensorScatter"]
+    attention = [n for n in nodes if n.op_type == "Attention"]
+    assert len(scatters) == 4 and len(attention) == 4  # K and V per layer; self + cross per layer
+    assert all(list(n.output) == [n.output[0]] for n in attention)  # no present copies
+    assert {n.input[6] for n in attention if n.input[1].startswith("cross")} == {"cross_lengths"}
+    assert {n.output[0] for n in scatters} == {
+        f"present_{p}.{i}" for p in ("key", "value") for i in (0, 1)
+    }
+    assert "Concat" not in {n.op_type for n in nodes}  # the cache never grows
+    inputs = {value.name: value for value in graph.graph.input}
+    dims = [d.dim_param or d.dim_value for d in inputs["past_key.0"].type.tensor_type.shape.dim]
+    assert dims == ["batch", 4, "capacity", 8]
+    assert [o.version for o in graph.opset_import if o.domain == ""] == [24]
 
 
 def test_decoder_graph_holds_attention_and_kv_cache(tiny_translator_entry: Path) -> None:
@@ -87,6 +125,35 @@ def test_force_overwrites_and_a_new_version_sits_beside(tiny_translator_entry: P
     assert manifest["graphs"]["decoder"]["attention_nodes"] == 4  # int8 keeps standard Attention
     assert manifest["parity"]["greedy_agreement"] >= 0.95
     assert (tiny_translator_entry / "1" / "decoder.onnx").is_file()
+    for graph in ("decoder", "decoder_inplace"):  # every MatMul quantised, the tied LM head too
+        ops = manifest["graphs"][graph]["op_types"]
+        assert "MatMul" not in ops and "Transpose" in ops, ops
+
+
+def test_weight_transposes_fold_into_initializers() -> None:
+    weight = np.arange(6, dtype=np.float32).reshape(2, 3)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "wt"], ["y"]),
+            helper.make_node("Gather", ["w", "ids"], ["e"]),  # the embedding still reads w
+        ],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2]),
+            helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 3]),
+        ],
+        initializer=[numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph)
+    assert fold_weight_transposes(model) == 1
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Gather"]
+    folded = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_array_equal(folded["wt"], weight.T)
 
 
 def test_legacy_opset_decomposes_attention(tmp_path: Path) -> None:
@@ -172,7 +239,7 @@ def test_vit_entry_is_a_triton_model(tmp_path: Path) -> None:
     assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 32
     assert list(config.input[0].dims) == [3, 32, 32] and config.input[0].name == "pixel_values"
     assert list(config.output[0].dims) == [10] and config.output[0].name == "logits"
-    from serving.model_config import read_model_config
+    from contract.repository import read_model_config
 
     batching = read_model_config(tmp_path / "vit").batching
     assert config.dynamic_batching.max_queue_delay_microseconds == batching.max_queue_delay_us

@@ -2,7 +2,9 @@
 
 Tiny random models are exported once per module (each export takes seconds). What needs no
 TensorRT (Attention nodes, head sizes, profiles against the graphs, provider options) runs
-everywhere; real engine builds run only where TensorRT and a GPU are present.
+everywhere; real engine builds run where a TensorRT flavour can build: TensorRT-RTX (pip, builds
+without a GPU) or TensorRT with its GPU. Flavour selection: test_tensorrt_flavour.py;
+TensorRT-RTX's own API and builds: test_tensorrt_rtx.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import onnx
 import pytest
 import torch
 
-from export import tensorrt
+from contract.graphs import graph_files
+from contract.model_config import ModelConfig
+from contract.repository import read_model_config
 from export.errors import ExportError
 from export.exporter import ExportOptions, ExportResult, export
 from export.sources import LoadedSource
@@ -26,21 +30,23 @@ from export.tensorrt import (
     build_engines,
     check_structure,
     count_fused_attention,
-    graph_files,
+    load_library,
     ort_tensorrt_provider_options,
     parse_profile_shapes,
     profile_shapes_string,
     profiles_for,
+    structure,
     validate_profile,
 )
 from models import translator as translator_models
 from models import vit as vit_models
-from serving.model_config import ModelConfig, read_model_config
 
 requires_tensorrt = pytest.mark.skipif(
-    importlib.util.find_spec("tensorrt") is None,
-    reason="TensorRT is not installable on these CPU machines (NVIDIA's package index and a GPU "
-    "are needed)",
+    importlib.util.find_spec("tensorrt") is None
+    and importlib.util.find_spec("tensorrt_rtx_bindings") is None,
+    reason="no TensorRT flavour to build with: TensorRT-RTX is not installed (pip install "
+    "tensorrt-rtx-cu13-bindings tensorrt-rtx-cu13-libs, into the environment that runs the "
+    "tests), and TensorRT needs NVIDIA's package index and a GPU",
 )
 
 Exported = tuple[LoadedSource, ExportResult, ModelConfig]
@@ -171,15 +177,31 @@ def test_prefill_profile_keeps_positions_in_table(translator: Exported) -> None:
 
 def test_vit_profile_and_unknown_graphs(vit: Exported, translator: Exported) -> None:
     _, _, config = vit
-    assert graph_files(config) == {"model": "model.onnx"}
+    assert graph_files(config.kind) == {"model": "model.onnx"}
     batch = config.limits.max_batch_size
     assert profiles_for(config, "model") == {
         "pixel_values": ((1, 3, 32, 32), (min(8, batch), 3, 32, 32), (batch, 3, 32, 32))
     }
     with pytest.raises(ValueError, match="'model'"):
         profiles_for(config, "encoder")
-    with pytest.raises(ValueError, match="'encoder' and 'decoder'"):
+    with pytest.raises(ValueError, match="'encoder', 'decoder' and 'decoder_inplace'"):
         profiles_for(translator[2], "model")
+
+
+def test_inplace_decoder_profile_matches_the_graph(translator: Exported) -> None:
+    _, result, config = translator
+    profile = profiles_for(config, "decoder_inplace")
+    inputs = _graph_inputs(result.version_dir / "decoder_inplace.onnx")
+    assert list(profile) == list(inputs)
+    _assert_ordered(profile)
+    for name, dims in inputs.items():
+        for axis, dim in enumerate(dims):
+            if isinstance(dim, int):  # fixed in the graph: fixed at every corner
+                assert {corner[axis] for corner in profile[name]} == {dim}, (name, axis)
+    decoder, batch = config.decoder, config.limits.max_batch_size
+    past = (batch, decoder.num_heads, decoder.max_positions, decoder.head_dim)
+    assert profile["past_value.0"][2] == past and profile["past_value.0"][0][2] == 1
+    assert profile["cache_lengths"] == ((1,), (min(8, batch),), (batch,))
 
 
 def test_validate_profile_names_the_bad_input() -> None:
@@ -298,7 +320,7 @@ def test_inconsistent_profile_is_refused(
     translator: Exported, monkeypatch: pytest.MonkeyPatch, name: str, axis: int, message: str
 ) -> None:
     _, result, config = translator
-    original = tensorrt.profiles_for
+    original = profiles_for
 
     def skewed(config: ModelConfig, graph: str, **kwargs) -> dict:
         profile = original(config, graph, **kwargs)
@@ -307,7 +329,7 @@ def test_inconsistent_profile_is_refused(
             profile[name] = (low, opt, (*high[:axis], high[axis] - 1, *high[axis + 1 :]))
         return profile
 
-    monkeypatch.setattr(tensorrt, "profiles_for", skewed)
+    monkeypatch.setattr(structure, "profiles_for", skewed)  # the name check_structure calls
     with pytest.raises(TensorRTError, match=message):
         check_structure(result.version_dir, config)
 
@@ -326,10 +348,31 @@ def test_build_engines_without_tensorrt_says_what_to_do(
     translator: Exported, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded, result, _ = translator
-    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails everywhere
-    with pytest.raises(ExportError, match=r"pip install tensorrt.*without --tensorrt") as info:
+    for module in ("tensorrt", "tensorrt_rtx_bindings"):  # imports fail as where absent
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delenv("ATTNSERVE_TENSORRT_FLAVOUR", raising=False)
+    with pytest.raises(ExportError) as info:
         build_engines(result.version_dir, loaded, ExportOptions(tensorrt=True))
+    message = str(info.value)
     assert not isinstance(info.value, ImportError)
+    assert "pip install tensorrt-rtx-cu13-bindings tensorrt-rtx-cu13-libs" in message
+    assert "NVIDIA's TensorRT container" in message and "without --tensorrt" in message
+    assert "tensorrt: " in message and "tensorrt_rtx_bindings: " in message  # what was tried
+
+
+def test_flavour_option_overrides_the_environment(
+    translator: Exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded, result, _ = translator
+    for module in ("tensorrt", "tensorrt_rtx_bindings"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.setenv("ATTNSERVE_TENSORRT_FLAVOUR", "tensorrt")
+    options = ExportOptions(tensorrt=True, tensorrt_flavour="rtx")  # --tensorrt-flavour rtx
+    with pytest.raises(ExportError) as info:
+        build_engines(result.version_dir, loaded, options)
+    message = str(info.value)
+    assert message.startswith("TensorRT-RTX was asked for (--tensorrt-flavour")
+    assert "tensorrt_rtx_bindings: " in message and "tensorrt: " not in message  # only RTX tried
 
 
 def test_count_fused_attention() -> None:
@@ -343,19 +386,25 @@ def test_count_fused_attention() -> None:
 
 
 def _check_engines(loaded: LoadedSource, result: ExportResult, config: ModelConfig) -> None:
-    import tensorrt as trt
-
+    library = load_library()
     built = build_engines(result.version_dir, loaded, ExportOptions(tensorrt=True))
-    assert built["tensorrt_version"] == trt.__version__
-    assert [e["graph"] for e in built["engines"]] == list(graph_files(config))
-    assert (result.version_dir / "timing.cache").stat().st_size > 0
-    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    assert built["tensorrt_version"] == library.version_text
+    assert built["flavour"] == library.flavour.name
+    assert [e["graph"] for e in built["engines"]] == list(graph_files(config.kind))
+    cache = result.version_dir / "timing.cache"
+    assert cache.is_file() == library.flavour.timing_cache == (built["timing_cache"] is not None)
+    runtime = library.trt.Runtime(library.trt.Logger(library.trt.Logger.WARNING))
     for entry in built["engines"]:
         plan = result.version_dir / entry["file"]
         assert plan.stat().st_size == entry["bytes"] > 0
         layers = json.loads((result.version_dir / entry["layers_file"]).read_text())
         assert len(layers) == entry["layers"] > 0
-        assert entry["fused_attention_layers"] >= 1, layers
+        nodes = result.manifest["graphs"][entry["graph"]]["attention_nodes"]
+        assert entry["attention_layers"] == nodes
+        assert len(entry["fused_attention"]) + len(entry["decomposed_attention"]) == nodes
+        if entry["layers_source"] != "engine inspector":  # TensorRT-RTX on a GPU it cannot use
+            assert not library.flavour.needs_gpu_to_build
+            continue
         engine = runtime.deserialize_cuda_engine(plan.read_bytes())
         for name, (low, opt, high) in profiles_for(config, entry["graph"]).items():
             shapes = engine.get_tensor_profile_shape(name, 0)
@@ -379,6 +428,10 @@ def test_vit_engines(vit: Exported) -> None:
 def test_export_with_tensorrt_records_engines(tmp_path: Path) -> None:
     _, result, _ = _export(tmp_path, "vit", _tiny_vit(), tensorrt=True, precision="fp16")
     manifest = json.loads((result.version_dir / "manifest.json").read_text())
-    assert "model.plan" in manifest["files"]
-    assert manifest["tensorrt"]["engines"][0]["fused_attention_layers"] >= 1
-    assert (result.version_dir / "model.plan").is_file()
+    assert "model.plan" in manifest["files"] and "model.layers.json" in manifest["files"]
+    report = manifest["tensorrt"]
+    assert report["flavour"] in ("tensorrt", "rtx") and report["precision"] == "fp16"
+    (engine,) = report["engines"]
+    assert engine["attention_layers"] == manifest["graphs"]["model"]["attention_nodes"]
+    assert engine["bytes"] == (result.version_dir / "model.plan").stat().st_size
+    assert engine["build_seconds"] <= engine["total_build_seconds"]

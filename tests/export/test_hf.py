@@ -14,10 +14,12 @@ transformers = pytest.importorskip(
 
 from export.errors import SourceError  # noqa: E402
 from export.exporter import ExportOptions, export  # noqa: E402
-from export.hf_import import current_param_name, load_hf_directory  # noqa: E402
+from export.hf import load_hf_directory  # noqa: E402
+from export.hf.weights import current_param_name  # noqa: E402
 from export.sources import load_source  # noqa: E402
 from models.generation import greedy_generate  # noqa: E402
 from models.layers import sinusoidal_table  # noqa: E402
+from tests.export.hf_fixtures import save_marian_tokenizer, save_word_tokenizer  # noqa: E402
 
 TOLERANCE = 1e-4
 MARIAN_PAD, MARIAN_EOS, MARIAN_VOCAB = 63, 0, 64
@@ -41,6 +43,10 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
 
 def _save(model: torch.nn.Module, directory: Path) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
+    if isinstance(model, transformers.MarianMTModel):
+        save_marian_tokenizer(directory, vocab_size=MARIAN_VOCAB)  # </s> 0, <pad> 63
+    elif isinstance(model, transformers.VisionEncoderDecoderModel):
+        save_word_tokenizer(directory, 40, {"<pad>": 0, "<s>": 1, "</s>": 2})
     return directory
 
 
@@ -163,6 +169,10 @@ def test_marian_imports_as_a_post_norm_translator(marian) -> None:
     config = loaded.model.config
     assert loaded.kind == "translator" and loaded.tokenizer is None
     assert loaded.hf_tokenizer_dir == directory and loaded.origin == str(directory)
+    entry = loaded.entry  # the tokenizer files serving reads, the generation rules it applies
+    assert entry.tokenizer.kind == "sentencepiece" and entry.languages == ("de",)
+    assert [name for name, _ in entry.tokenizer_files] == ["source.spm", "target.spm", "vocab.json"]
+    assert (entry.suppress_ids, entry.forced_eos) == ((), False)  # this config sets neither
     assert not config.norm_first and config.activation == "swish" and config.scale_embedding
     assert (config.pad_id, config.eos_id, config.decoder_start_id) == (63, 0, 63)
     assert (config.num_heads, config.ffn_dim, config.max_positions) == (4, 64, 64)

@@ -1,0 +1,101 @@
+"""A Hugging Face model's generation config as the token rules serving applies to every request.
+
+``generate()`` runs logits processors built from the model's ``generation_config``. Those that
+change which token greedy decoding picks must be applied by serving too, or they are refused:
+
+- applied: ``bad_words_ids`` of one token and ``suppress_tokens`` (never generated: Marian's
+  ``[[pad]]``), ``forced_eos_token_id`` (the last position is EOS);
+- refused: ``bad_words_ids`` of several tokens, ``begin_suppress_tokens``, repetition penalties,
+  n-gram bans, ``min_length`` / ``min_new_tokens``, ``forced_bos_token_id``, ``sequence_bias``;
+- recorded, not applied: the request-level defaults (``num_beams``, ``do_sample``,
+  ``temperature``, ...), which attnserve requests set themselves (greedy by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from export.hf.common import unsupported
+
+# Processors that change greedy tokens, with the value that switches them off.
+_REFUSED_WHEN_SET: dict[str, Any] = {
+    "begin_suppress_tokens": None,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": None,
+    "forced_bos_token_id": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+}
+_REQUEST_DEFAULTS = ("num_beams", "do_sample", "temperature", "top_k", "top_p", "length_penalty")
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """The generation rules serving applies (``DecoderSpec.suppress_ids`` / ``forced_eos``)."""
+
+    suppress_ids: tuple[int, ...] = ()
+    forced_eos: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def token_rules(architecture: str, generation: Any, eos_id: int, vocab_size: int) -> TokenRules:
+    """The rules of a model's ``generation_config``.
+
+    Args:
+        architecture: The HF architecture (for messages).
+        generation: The loaded model's ``generation_config`` (what ``generate()`` uses).
+        eos_id: Our model's end-of-sequence id.
+        vocab_size: Our model's vocabulary size.
+
+    Returns:
+        The suppressed ids, whether EOS is forced at the last position, and notes for the
+        manifest (the rules and the request defaults that were not applied).
+
+    Raises:
+        SourceError: For a processor serving does not apply, a forced EOS other than the
+            model's EOS, or a suppressed id outside the vocabulary (or EOS itself).
+    """
+    for name, off in _REFUSED_WHEN_SET.items():
+        value = getattr(generation, name, off)
+        if value not in (off, None, [], {}):
+            raise unsupported(architecture, f"generation config {name}={value!r} (not applied)")
+    suppress = _single_token_bans(architecture, generation)
+    bad = [i for i in suppress if not 0 <= i < vocab_size or i == eos_id]
+    if bad:
+        raise unsupported(architecture, f"suppressed token ids {bad} (vocab {vocab_size}, eos)")
+    forced = getattr(generation, "forced_eos_token_id", None)
+    if isinstance(forced, (list, tuple)):
+        forced = forced[0] if len(set(forced)) == 1 else forced
+    if forced is not None and forced != eos_id:
+        raise unsupported(architecture, f"forced_eos_token_id={forced!r} is not eos {eos_id}")
+    defaults = {
+        name: getattr(generation, name)
+        for name in _REQUEST_DEFAULTS
+        if getattr(generation, name, None) is not None
+    }
+    notes = {
+        "suppress_ids": list(suppress),
+        "forced_eos": forced is not None,
+        "request_defaults_not_applied": defaults,
+    }
+    return TokenRules(suppress, forced is not None, notes)
+
+
+def _single_token_bans(architecture: str, generation: Any) -> tuple[int, ...]:
+    """Ids of ``bad_words_ids`` entries of one token and of ``suppress_tokens``."""
+    banned: list[int] = []
+    for sequence in getattr(generation, "bad_words_ids", None) or []:
+        if len(sequence) != 1:
+            raise unsupported(
+                architecture,
+                f"bad_words_ids entry {list(sequence)} of {len(sequence)} tokens "
+                "(serving bans single tokens only)",
+            )
+        banned.append(int(sequence[0]))
+    banned += [int(i) for i in getattr(generation, "suppress_tokens", None) or []]
+    return tuple(sorted(set(banned)))
