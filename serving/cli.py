@@ -23,6 +23,16 @@ DEFAULT_SERVER = f"127.0.0.1:{DEFAULTS.port}"
 
 def add_parsers(subparsers: Any) -> None:
     """Register serve and the client commands."""
+    _add_serve_parser(subparsers)
+    for name, helptext in (
+        ("translate", "translate English text with a running server"),
+        ("caption", "caption an image with a running server"),
+        ("classify", "classify an image with a running server"),
+    ):
+        _add_client_parser(subparsers, name, helptext)
+
+
+def _add_serve_parser(subparsers: Any) -> None:
     serve = subparsers.add_parser(
         "serve",
         help="serve a model repository over gRPC (attnserve API + KServe v2) with /metrics",
@@ -54,6 +64,12 @@ def add_parsers(subparsers: Any) -> None:
         help=f"largest gRPC message either way (default {DEFAULTS.max_message_bytes})",
     )
     serve.add_argument("--log-level", help=f"default {DEFAULTS.log_level}")
+    serve.add_argument(
+        "--frontend-workers",
+        type=int,
+        help="gRPC frontend processes on the port in front of one engine process; 1 = one "
+        f"process doing both (default {DEFAULTS.frontend_workers})",
+    )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
     security.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -66,42 +82,39 @@ def add_parsers(subparsers: Any) -> None:
     )
     serve.set_defaults(handler=run_serve)
 
-    for name, helptext in (
-        ("translate", "translate English text with a running server"),
-        ("caption", "caption an image with a running server"),
-        ("classify", "classify an image with a running server"),
-    ):
-        command = subparsers.add_parser(name, help=helptext)
-        command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
-        command.add_argument("--model", default="", help="model name (default: the task's)")
-        command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
-        command.add_argument("--tls-ca", type=Path, help="PEM root certificate to trust (TLS)")
-        command.add_argument(
-            "--tls", action="store_true", help="TLS trusting the system's root certificates"
-        )
-        command.add_argument("--tls-client-cert", type=Path, help="PEM certificate for mTLS")
-        command.add_argument("--tls-client-key", type=Path, help="PEM key of --tls-client-cert")
-        command.add_argument(
-            "--token",
-            default=os.environ.get(CLIENT_TOKEN_ENV),
-            help=f"bearer token (better: env {CLIENT_TOKEN_ENV}; flags show in `ps`)",
-        )
-        if name == "translate":
-            command.add_argument("text", nargs="+", help="one or more texts")
-            command.add_argument("--to", required=True, help="target language: de, fr or es")
-        else:
-            command.add_argument("image", type=Path, help="PNG or JPEG file")
-        if name == "classify":
-            command.add_argument("--top-k", type=int, default=5)
-        else:
-            command.add_argument("--stream", action="store_true", help="print tokens as they come")
-            command.add_argument("--max-new-tokens", type=int)
-            command.add_argument("--beam-size", type=int)
-            command.add_argument("--temperature", type=float)
-            command.add_argument("--top-k", type=int)
-            command.add_argument("--top-p", type=float)
-            command.add_argument("--seed", type=int)
-        command.set_defaults(handler=run_client)
+
+def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
+    command = subparsers.add_parser(name, help=helptext)
+    command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
+    command.add_argument("--model", default="", help="model name (default: the task's)")
+    command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
+    command.add_argument("--tls-ca", type=Path, help="PEM root certificate to trust (TLS)")
+    command.add_argument(
+        "--tls", action="store_true", help="TLS trusting the system's root certificates"
+    )
+    command.add_argument("--tls-client-cert", type=Path, help="PEM certificate for mTLS")
+    command.add_argument("--tls-client-key", type=Path, help="PEM key of --tls-client-cert")
+    command.add_argument(
+        "--token",
+        default=os.environ.get(CLIENT_TOKEN_ENV),
+        help=f"bearer token (better: env {CLIENT_TOKEN_ENV}; flags show in `ps`)",
+    )
+    if name == "translate":
+        command.add_argument("text", nargs="+", help="one or more texts")
+        command.add_argument("--to", required=True, help="target language: de, fr or es")
+    else:
+        command.add_argument("image", type=Path, help="PNG or JPEG file")
+    if name == "classify":
+        command.add_argument("--top-k", type=int, default=5)
+    else:
+        command.add_argument("--stream", action="store_true", help="print tokens as they come")
+        command.add_argument("--max-new-tokens", type=int)
+        command.add_argument("--beam-size", type=int)
+        command.add_argument("--temperature", type=float)
+        command.add_argument("--top-k", type=int)
+        command.add_argument("--top-p", type=float)
+        command.add_argument("--seed", type=int)
+    command.set_defaults(handler=run_client)
 
 
 # --- serve --------------------------------------------------------------------------------------
@@ -116,6 +129,10 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(message)s")
     if args.config is None and args.repository is None:
         ensure_shipped_repository(Path(config.repository))
+    if config.frontend_workers > 1:
+        from serving.multiprocess.supervisor import serve_multiprocess
+
+        return serve_multiprocess(config)
     return asyncio.run(_serve(config))
 
 

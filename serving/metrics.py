@@ -147,7 +147,11 @@ class ServingMetrics:
                 prometheus_client's global ``REGISTRY`` works once per process only.
         """
         self.registry = registry if registry is not None else CollectorRegistry()
-        reg = self.registry
+        self._declare_request_metrics(self.registry)
+        self._declare_generation_metrics(self.registry)
+
+    def _declare_request_metrics(self, reg: CollectorRegistry) -> None:
+        """RPCs, queues, batched calls: what every model kind reports."""
         latency = LATENCY_BUCKETS
         self.requests = Counter(
             REQUESTS,
@@ -183,6 +187,17 @@ class ServingMetrics:
             buckets=BATCH_SIZE_BUCKETS,
             registry=reg,
         )
+        self.queue_depth = Gauge(
+            QUEUE_DEPTH,
+            "Requests queued now.",
+            ["model"],
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+
+    def _declare_generation_metrics(self, reg: CollectorRegistry) -> None:
+        """Tokens, sequences and the KV cache of the generating models."""
+        latency = LATENCY_BUCKETS
         self.time_to_first_token = Histogram(
             TIME_TO_FIRST_TOKEN,
             "Arrival to first generated token.",
@@ -201,15 +216,26 @@ class ServingMetrics:
             GENERATED_TOKENS, "Generated tokens.", ["model"], registry=reg
         )
         self.active_sequences = Gauge(
-            ACTIVE_SEQUENCES, "Sequences decoding now.", ["model"], registry=reg
+            ACTIVE_SEQUENCES,
+            "Sequences decoding now.",
+            ["model"],
+            registry=reg,
+            multiprocess_mode="livesum",
         )
         self.kv_cache_usage = Gauge(
-            KV_CACHE_USAGE, "Fraction of the KV-cache in use (0..1).", ["model"], registry=reg
+            KV_CACHE_USAGE,
+            "Fraction of the KV-cache in use (0..1).",
+            ["model"],
+            registry=reg,
+            multiprocess_mode="livemax",
         )
         self.kv_cache_tokens = Gauge(
-            KV_CACHE_TOKENS, "Tokens held in the KV-cache.", ["model"], registry=reg
+            KV_CACHE_TOKENS,
+            "Tokens held in the KV-cache.",
+            ["model"],
+            registry=reg,
+            multiprocess_mode="livesum",
         )
-        self.queue_depth = Gauge(QUEUE_DEPTH, "Requests queued now.", ["model"], registry=reg)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (what /metrics returns)."""
@@ -228,19 +254,44 @@ class ServingMetrics:
         Raises:
             OSError: when the port is taken or the address cannot be bound.
         """
-        httpd = make_server(
-            addr,
-            port,
-            make_wsgi_app(self.registry),
-            server_class=_ThreadingWSGIServer,
-            handler_class=_QuietHandler,
-        )
-        thread = threading.Thread(
-            target=httpd.serve_forever,
-            kwargs={"poll_interval": _STOP_POLL_S},
-            name=f"metrics-http-{port}",
-            daemon=True,
-        )
-        thread.start()
-        server = MetricsServer(httpd, thread)
-        return server, server.port
+        return start_metrics_http_server(self.registry, port, addr)
+
+
+def start_metrics_http_server(
+    registry: CollectorRegistry, port: int, addr: str = "127.0.0.1"
+) -> tuple[MetricsServer, int]:
+    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread.
+
+    Returns:
+        The running server (call ``.stop()`` to close it) and the port actually bound.
+
+    Raises:
+        OSError: when the port is taken or the address cannot be bound.
+    """
+    httpd = make_server(
+        addr,
+        port,
+        make_wsgi_app(registry),
+        server_class=_ThreadingWSGIServer,
+        handler_class=_QuietHandler,
+    )
+    thread = threading.Thread(
+        target=httpd.serve_forever,
+        kwargs={"poll_interval": _STOP_POLL_S},
+        name=f"metrics-http-{port}",
+        daemon=True,
+    )
+    thread.start()
+    server = MetricsServer(httpd, thread)
+    return server, server.port
+
+
+def multiprocess_registry(directory: str) -> CollectorRegistry:
+    """A registry that adds up the metrics every process wrote under ``directory``
+    (prometheus-client's multiprocess mode: each process sets ``PROMETHEUS_MULTIPROC_DIR`` to it
+    before importing prometheus_client)."""
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return registry

@@ -3,38 +3,33 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
-from serving.backends.base import Backend, BackendError
-from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.errors import InvalidArgument, NotFound
-from serving.metrics import ServingMetrics
-from serving.model_config import (
-    CLASSIFIER_FILE,
+from contract.graphs import DECODER, ENCODER, INPLACE_GRAPH_FILES, graph_files
+from contract.model_config import GeneratorConfig, ModelConfig
+from contract.repository import (
     CONFIG_FILE,
-    DECODER_FILE,
-    ENCODER_FILE,
     MODEL_NAME_RULE,
-    ModelConfig,
     is_valid_model_name,
     read_model_config,
     resolve_version,
 )
-from serving.runtime import ServedModel
-from serving.schema import SchemaError
+from contract.schema import SchemaError
+from serving.backends.base import Backend, BackendError
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.errors import InvalidArgument, NotFound
+from serving.metrics import ServingMetrics
+from serving.served import ServedModel, serve
 
 log = logging.getLogger(__name__)
 
 
+ModelFactory = Callable[[ModelConfig, Path], ServedModel]
+
+
 class RepositoryError(ValueError):
     """The repository (or a model in it) cannot be served; the message names the entry."""
-
-
-def graph_files(config: ModelConfig) -> dict[str, str]:
-    """The graphs a model kind needs."""
-    if config.kind == "seq2seq":
-        return {"encoder": ENCODER_FILE, "decoder": DECODER_FILE}
-    return {"model": CLASSIFIER_FILE}
 
 
 def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
@@ -46,8 +41,21 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
     if config.backend == "tensorrt":
         from serving.backends.tensorrt import TensorRTBackend
 
-        return TensorRTBackend(version_dir, graph_files(config))
-    return OnnxRuntimeBackend(version_dir, graph_files(config), config.onnxruntime)
+        return TensorRTBackend(version_dir, graph_files(config.kind))
+    files = graph_files(config.kind)
+    inplace = {ENCODER: files.get(ENCODER, ""), **INPLACE_GRAPH_FILES}
+    wanted = isinstance(config, GeneratorConfig) and config.onnxruntime.kv_cache == "inplace"
+    if wanted and all((version_dir / name).is_file() for name in inplace.values()):
+        try:
+            return OnnxRuntimeBackend(version_dir, inplace, config.onnxruntime)
+        except BackendError as err:  # e.g. an ONNX Runtime without opset 24
+            log.warning(
+                "%s: cannot load the in-place decoder (%s); serving %s with the growing cache",
+                config.name,
+                err,
+                files.get(DECODER),
+            )
+    return OnnxRuntimeBackend(version_dir, files, config.onnxruntime)
 
 
 class ModelRepository:
@@ -62,8 +70,13 @@ class ModelRepository:
         root: str | Path,
         metrics: ServingMetrics | None = None,
         names: tuple[str, ...] = (),
+        factory: ModelFactory | None = None,
     ) -> ModelRepository:
         """Load every entry (or only ``names``) of the repository at ``root``.
+
+        ``factory`` builds each served model from its config and version folder; by default it
+        loads the graphs here (``serve`` over ``make_backend``). A frontend process passes one
+        that serves the model through the engine process instead.
 
         Raises:
             RepositoryError: a missing repository, a requested name that is not there, an entry
@@ -99,9 +112,11 @@ class ModelRepository:
                         f"config.yaml names {config.name!r} but sits in {entry.name}/"
                     )
                 version_dir = resolve_version(entry)
-                models[config.name] = ServedModel(
-                    config, version_dir, make_backend(config, version_dir), metrics
-                )
+                if factory is None:
+                    backend = make_backend(config, version_dir)
+                    models[config.name] = serve(config, version_dir, backend, metrics)
+                else:
+                    models[config.name] = factory(config, version_dir)
             except (SchemaError, BackendError, OSError, ValueError) as err:
                 raise RepositoryError(f"cannot serve {entry}: {err}") from err
             log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)

@@ -1,8 +1,8 @@
 """Encoder-decoder execution over a backend: encode once, then decoder steps with the KV cache.
 
 This is the numpy counterpart of ``models.generation`` and the building block of the serving
-engine (which adds in-flight batching); the export package uses ``greedy`` for its end-to-end
-parity check against PyTorch.
+engine (which adds in-flight batching); ``serving.engine.greedy`` decodes whole batches with it for
+the export's end-to-end parity check against PyTorch.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contract.graphs import DECODER, DECODER_INPLACE, kv_names, present_name
+from contract.model_config import DecoderSpec
 from serving.backends.base import Backend
-from serving.model_config import DecoderSpec
 
 _ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -37,14 +38,13 @@ class Seq2SeqRunner:
         self.backend = backend
         self.spec = spec
         self.layers = spec.num_layers
-        self.cross_names = [
-            f"cross_{part}.{i}" for i in range(self.layers) for part in ("key", "value")
-        ]
-        self.past_names = [
-            f"past_{part}.{i}" for i in range(self.layers) for part in ("key", "value")
-        ]
-        types = getattr(backend, "input_types", lambda graph: {})("decoder")
-        self.kv_dtype = _ONNX_FLOAT.get(types.get("past_key.0", ""), np.float32)
+        self.cross_names = kv_names("cross", self.layers)
+        self.past_names = kv_names("past", self.layers)
+        self.present_names = [present_name(name) for name in self.past_names]
+        decoder = next((g for g in (DECODER, DECODER_INPLACE) if g in backend.graphs()), None)
+        input_types = getattr(backend, "input_types", None)
+        types = input_types(decoder) if decoder is not None and input_types is not None else {}
+        self.kv_dtype = _ONNX_FLOAT.get(types.get(self.past_names[0], ""), np.float32)
 
     def encode(self, feeds: Mapping[str, np.ndarray]) -> Encoded:
         """Run the encoder; ``feeds`` are input_ids + attention_mask, or pixel_values."""
@@ -80,27 +80,5 @@ class Seq2SeqRunner:
         feeds.update(zip(self.past_names, past, strict=True))
         feeds.update(zip(self.cross_names, encoded.cross, strict=True))
         outputs = self.backend.run("decoder", feeds)
-        presents = [outputs[name.replace("past_", "present_")] for name in self.past_names]
+        presents = [outputs[name] for name in self.present_names]
         return outputs["logits"], presents
-
-    def greedy(self, encoded: Encoded, max_new_tokens: int) -> list[list[int]]:
-        """Greedy decoding of a whole batch (no in-flight joins): ids without start and EOS."""
-        batch = encoded.batch
-        spec = self.spec
-        tokens = np.full((batch, 1), spec.decoder_start_id, dtype=np.int64)
-        past = self.empty_past(batch)
-        finished = np.zeros(batch, dtype=bool)
-        outputs: list[list[int]] = [[] for _ in range(batch)]
-        for step in range(max_new_tokens):
-            positions = np.full((batch, 1), step, dtype=np.int64)
-            self_mask = np.ones((batch, step + 1), dtype=np.int64)
-            logits, past = self.step(tokens, positions, self_mask, past, encoded)
-            next_ids = logits[:, -1].argmax(-1)
-            for row in np.flatnonzero(~finished):
-                if next_ids[row] != spec.eos_id:
-                    outputs[row].append(int(next_ids[row]))
-            finished |= next_ids == spec.eos_id
-            if finished.all():
-                break
-            tokens = next_ids[:, None].astype(np.int64)
-        return outputs

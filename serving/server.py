@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ from serving.services.kserve import KServeServicer
 from serving.services.parsing import StrictParsing
 
 log = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.01  # how often a drain checks for calls still in flight
 
 SERVICE_NAMES = (
     attnserve_pb2.DESCRIPTOR.services_by_name["AttnServe"].full_name,
@@ -52,11 +55,24 @@ class RunningServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    async def set_serving(self, serving: bool) -> None:
+        """Report SERVING / NOT_SERVING on grpc.health.v1 (``stop`` does it too)."""
+        status = health_pb2.HealthCheckResponse
+        await _set_health(self.health, status.SERVING if serving else status.NOT_SERVING)
+
     async def stop(self, grace: float) -> None:
-        """Drain: health NOT_SERVING, new requests UNAVAILABLE, in-flight ones get ``grace`` s."""
+        """Drain: health NOT_SERVING, new requests UNAVAILABLE, in-flight ones get ``grace`` s.
+
+        The port stays open while calls are in flight, so that a new call is answered
+        UNAVAILABLE with a message (the servicers' drain check) rather than cut off by the
+        transport; it closes when the last call ends or the grace period is over.
+        """
         self.state.draining = True
         await _set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.server.stop(grace)
+        deadline = time.monotonic() + grace
+        while self.state.active and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        await self.server.stop(max(0.0, deadline - time.monotonic()))
         await self.repository.stop(grace)
         if self.metrics_server is not None:
             self.metrics_server.stop()
@@ -78,9 +94,15 @@ def _reflection_pool() -> descriptor_pool.DescriptorPool:
 
 
 async def create_server(
-    config: ServerConfig, repository: ModelRepository | None = None
+    config: ServerConfig,
+    repository: ModelRepository | None = None,
+    metrics: ServingMetrics | None = None,
+    reuse_port: bool = False,
 ) -> RunningServer:
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
+
+    ``repository`` and ``metrics`` default to loading ``config.repository`` here with fresh
+    metrics; ``reuse_port`` lets several frontend processes listen on the same port.
 
     Raises:
         SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
@@ -89,32 +111,12 @@ async def create_server(
     """
     credentials = server_credentials(config)
     tokens = accepted_tokens(config)
-    metrics = ServingMetrics()
+    metrics = metrics or ServingMetrics()
     repository = repository or ModelRepository.load(config.repository, metrics, config.models)
     await repository.start()
-    options = [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ]
-    # StrictParsing first: it wraps whatever the later interceptors return (an auth rejection
-    # has no deserializer and is left alone), so unparsable requests get INVALID_ARGUMENT.
-    interceptors: list[grpc.aio.ServerInterceptor] = [StrictParsing()]
-    if tokens:
-        interceptors.append(BearerTokenInterceptor(tokens))
-    server = grpc.aio.server(options=options, interceptors=interceptors)
+    server = _grpc_server(config, tokens, reuse_port)
     state = ServerState()
-    attnserve_pb2_grpc.add_AttnServeServicer_to_server(
-        AttnServeServicer(repository, metrics, state), server
-    )
-    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state), server
-    )
-    health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, reflection.SERVICE_NAME), server, pool=_reflection_pool()
-    )
+    health = _add_services(server, repository, metrics, state)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -124,7 +126,7 @@ async def create_server(
         await repository.stop(0)
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
     await server.start()
-    await _set_health(health_servicer, health_pb2.HealthCheckResponse.SERVING)
+    await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
     metrics_server, metrics_port = None, None
     if config.metrics_port >= 0:
         metrics_server, metrics_port = metrics.start_http_server(
@@ -145,8 +147,46 @@ async def create_server(
         repository,
         metrics,
         state,
-        health_servicer,
+        health,
         metrics_server,
         tls=credentials is not None,
         authenticated=bool(tokens),
     )
+
+
+def _grpc_server(
+    config: ServerConfig, tokens: tuple[str, ...], reuse_port: bool
+) -> grpc.aio.Server:
+    """The grpc.aio server with message limits and the interceptors (parsing, then auth)."""
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.so_reuseport", int(reuse_port)),
+    ]
+    # StrictParsing first: it wraps whatever the later interceptors return (an auth rejection
+    # has no deserializer and is left alone), so unparsable requests get INVALID_ARGUMENT.
+    interceptors: list[grpc.aio.ServerInterceptor] = [StrictParsing()]
+    if tokens:
+        interceptors.append(BearerTokenInterceptor(tokens))
+    return grpc.aio.server(options=options, interceptors=interceptors)
+
+
+def _add_services(
+    server: grpc.aio.Server,
+    repository: ModelRepository,
+    metrics: ServingMetrics,
+    state: ServerState,
+) -> HealthServicer:
+    """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
+    attnserve_pb2_grpc.add_AttnServeServicer_to_server(
+        AttnServeServicer(repository, metrics, state), server
+    )
+    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+        KServeServicer(repository, metrics, state), server
+    )
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, reflection.SERVICE_NAME), server, pool=_reflection_pool()
+    )
+    return health

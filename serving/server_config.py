@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from serving.schema import SchemaError, load_yaml
+from contract.schema import SchemaError, load_yaml
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,9 @@ class ServerConfig:
     tls_key: str | None = None  # PEM private key of tls_cert (unencrypted)
     tls_client_ca: str | None = None  # PEM CA: clients must show a certificate it signed (mTLS)
     auth_token_file: str | None = None  # accepted bearer tokens, one a line (see serving.security)
+    # gRPC frontend processes on the port (SO_REUSEPORT) in front of one engine process; 1 = one
+    # process doing both, as a plain grpc.aio server (README: Serving / Processes).
+    frontend_workers: int = 1
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,6 +42,8 @@ class ServerConfig:
         if bool(self.tls_cert) != bool(self.tls_key):
             given, missing = ("tls_cert", "tls_key") if self.tls_cert else ("tls_key", "tls_cert")
             raise ValueError(f"{given} is set but {missing} is not; TLS needs both (or neither)")
+        if self.frontend_workers < 1:
+            raise ValueError(f"frontend_workers must be >= 1, got {self.frontend_workers}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from contract.model_config import OnnxRuntimeOptions
 from serving.backends.base import BackendError
-from serving.model_config import OnnxRuntimeOptions
 
 _OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -104,6 +104,10 @@ class OnnxRuntimeBackend:
 
     def output_names(self, graph: str) -> list[str]:
         return self._outputs[graph]
+
+    def session(self, graph: str) -> ort.InferenceSession:
+        """The session of ``graph`` (for IO-bound runs, ``serving.backends.onnxruntime_io``)."""
+        return self._sessions[graph]
 
     def input_types(self, graph: str) -> dict[str, str]:
         """ONNX type strings ("tensor(float)") of a graph's inputs."""

@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from contract.model_config import DynamicBatching
 from serving.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.metrics import ServingMetrics
-from serving.model_config import Batching
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -57,7 +57,7 @@ def deadline_for(now: float, timeout_s: float | None, default_timeout_ms: int) -
     Args:
         now: arrival time on the batcher's clock.
         timeout_s: the client's timeout, when it sent one.
-        default_timeout_ms: ``Batching.timeout_ms``, used when the client sent none; 0 = none.
+        default_timeout_ms: ``batching.timeout_ms``, used when the client sent none; 0 = none.
 
     Returns:
         The deadline, or ``None`` when the request has none.
@@ -112,7 +112,7 @@ class DynamicBatcher(Generic[T, R]):
         self,
         name: str,
         run_batch: Callable[[list[T]], Sequence[R | BaseException]],
-        settings: Batching,
+        settings: DynamicBatching,
         *,
         stage: str = "batch",
         executor: concurrent.futures.Executor | None = None,
@@ -333,14 +333,14 @@ class DynamicBatcher(Generic[T, R]):
         limit = self._settings.max_queue_size
         if limit and len(self._queue) >= limit:
             raise ResourceExhausted(
-                f"{self.name}: queue is full ({limit} requests waiting, Batching.max_queue_size); "
+                f"{self.name}: queue is full ({limit} requests waiting, batching.max_queue_size); "
                 "retry with backoff, or raise max_queue_size / add replicas"
             )
 
     def _deadline_message(self, seconds: float) -> str:
         return (
             f"{self.name}: request not served within {seconds:.3f} s (the client's deadline, or "
-            f"Batching.timeout_ms={self._settings.timeout_ms} when it sets none); allow a longer "
+            f"batching.timeout_ms={self._settings.timeout_ms} when it sets none); allow a longer "
             "deadline or add capacity"
         )
 

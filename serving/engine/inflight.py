@@ -4,8 +4,8 @@ One worker thread per model runs the decode loop. Every iteration it
 
 1. drops waiting or running requests that were cancelled or ran past their deadline
    (their cache rows are freed at once);
-2. admits waiting requests that fit (``AdmissionQueue``) and runs their encoder passes as one
-   batch, appending their rows to the shared ``BatchKVCache``;
+2. admits waiting requests that fit (``AdmissionQueue``; with ``in_flight`` off only into an
+   empty batch) and runs their encoder passes as one batch, taking rows of the ``DecodeCache``;
 3. runs ONE decoder step for every active row together, picks each row's next token with the
    sequence's own sampler or beam search, and streams tokens back to the callers' event loops;
 4. removes finished sequences.
@@ -17,148 +17,31 @@ other requests share the batch.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
-from serving.engine.cache import BatchKVCache
+from serving.engine.decode_cache import DecodeCache
+from serving.engine.padded_cache import PaddedKVCache
+from serving.engine.requests import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    Outbox,
+    TokenEvent,
+)
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
-from serving.generation.options import DecodingOptions
 from serving.generation.sampling import RowSampler
 from serving.metrics import ServingMetrics
-from serving.model_config import Batching, DecoderSpec
 from serving.seq2seq import Encoded, Seq2SeqRunner
-
-_ids = itertools.count()
-
-
-@dataclass
-class TokenEvent:
-    """A generated token (streamed as soon as it is chosen)."""
-
-    token_id: int
-    index: int  # 0-based position in the output
-
-
-@dataclass
-class FinishEvent:
-    """The end of a sequence: its tokens (without EOS) and how it ended."""
-
-    reason: str  # "stop" (EOS) | "length" (max_new_tokens or the position table)
-    tokens: list[int]
-    score: float | None = None  # beam search: length-penalised log-probability
-    alternatives: list[tuple[list[int], float]] = field(default_factory=list)
-    input_tokens: int = 0
-    queue_seconds: float = 0.0
-
-
-@dataclass
-class ErrorEvent:
-    """The request failed; ``error`` carries the status and message."""
-
-    error: Exception
-
-
-Event = TokenEvent | FinishEvent | ErrorEvent
-
-
-class GenerationRequest:
-    """One sequence to generate: its encoder input, options and deadline."""
-
-    def __init__(
-        self,
-        *,
-        options: DecodingOptions,
-        source_ids: np.ndarray | None = None,
-        pixels: np.ndarray | None = None,
-        deadline: float | None = None,
-        arrival: float | None = None,
-    ) -> None:
-        if (source_ids is None) == (pixels is None):
-            raise ValueError("give exactly one of source_ids (text) or pixels (image)")
-        self.id = next(_ids)
-        self.options = options
-        self.source_ids = source_ids
-        self.pixels = pixels
-        self.deadline = deadline
-        self.arrival = time.monotonic() if arrival is None else arrival
-        self._cancelled = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[Event] | None = None
-
-    # --- what the admission policy sees -------------------------------------------------------
-    @property
-    def rows(self) -> int:
-        return max(1, self.options.beam_size)
-
-    @property
-    def source_tokens(self) -> int:
-        return len(self.source_ids) if self.source_ids is not None else 1
-
-    def is_cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def cancel(self) -> None:
-        """Stop this request: the engine frees its cache rows before the next step."""
-        self._cancelled.set()
-
-    # --- event delivery (engine thread -> caller's loop) ----------------------------------------
-    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[Event]:
-        self._loop = loop
-        self._queue = asyncio.Queue()
-        return self._queue
-
-    def emit(self, event: Event) -> None:
-        """Deliver one event now (outside the decode loop; the loop batches through Outbox)."""
-        if self._loop is None or self._queue is None:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            self._cancelled.set()
-
-
-class Outbox:
-    """Events of one engine iteration, handed to each caller event loop in ONE wake-up.
-
-    A decode step produces a token for every running sequence; waking the callers' loop once
-    per step instead of once per token keeps the cross-thread cost flat in the batch size.
-    """
-
-    def __init__(self) -> None:
-        self._items: list[tuple[GenerationRequest, Event]] = []
-
-    def post(self, request: GenerationRequest, event: Event) -> None:
-        self._items.append((request, event))
-
-    def flush(self) -> None:
-        if not self._items:
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[GenerationRequest, Event]]] = {}
-        for request, event in self._items:
-            if request._loop is not None and request._queue is not None:
-                by_loop.setdefault(request._loop, []).append((request, event))
-        self._items = []
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the callers' loop is closed: nobody is listening any more
-                for request, _ in items:
-                    request.cancel()
-
-
-def _deliver(items: list[tuple[GenerationRequest, Event]]) -> None:
-    for request, event in items:
-        assert request._queue is not None
-        request._queue.put_nowait(event)
 
 
 class _Sequence:
@@ -182,10 +65,20 @@ class _Sequence:
                 min_new_tokens=self.options.min_new_tokens,
                 length_penalty=self.options.length_penalty,
                 num_alternatives=self.options.num_alternatives,
+                suppress_ids=spec.suppress_ids,
+                forced_eos=spec.forced_eos,
             )
         else:
-            self.sampler = RowSampler(self.options, eos_id=spec.eos_id)
+            last = min(max_new, spec.max_positions - 1) - 1  # the sequence's last position
+            self.sampler = RowSampler(
+                self.options,
+                eos_id=spec.eos_id,
+                suppress_ids=spec.suppress_ids,
+                forced_eos_at=last if spec.forced_eos else None,
+            )
         self.next_inputs = np.full(request.rows, spec.decoder_start_id, dtype=np.int64)
+        self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
+        self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
 
 
 class InFlightEngine:
@@ -197,10 +90,24 @@ class InFlightEngine:
         runner: Seq2SeqRunner,
         spec: DecoderSpec,
         max_new_tokens: int,
-        batching: Batching,
+        batching: InFlightBatching,
         metrics: ServingMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cache: DecodeCache | None = None,
     ) -> None:
+        """Create a stopped engine; ``start()`` it.
+
+        Args:
+            name: the model's name (messages, metric labels).
+            runner: runs the encoder (and, for the padded cache, the decoder).
+            spec: the decoder facts.
+            max_new_tokens: the model's limit on generated tokens.
+            batching: admission limits and queue settings.
+            metrics: where to record; None in tests.
+            clock: monotonic seconds; injectable for tests.
+            cache: the KV cache; by default the padded cache over ``runner`` (see
+                ``serving.engine.decode_cache`` for the in-place one).
+        """
         self.name = name
         self.runner = runner
         self.spec = spec
@@ -208,7 +115,7 @@ class InFlightEngine:
         self.batching = batching
         self.metrics = metrics
         self.clock = clock
-        max_rows = batching.max_active_sequences if batching.in_flight else batching.max_batch_size
+        max_rows = batching.decode_rows
         self.queue: AdmissionQueue[GenerationRequest] = AdmissionQueue(
             AdmissionLimits(
                 max_rows=max_rows,
@@ -218,7 +125,7 @@ class InFlightEngine:
             ),
             clock,
         )
-        self.cache = BatchKVCache(spec.num_layers, spec.num_heads, spec.head_dim, runner.kv_dtype)
+        self.cache: DecodeCache = cache or PaddedKVCache(runner, max_rows * spec.max_positions)
         self.sequences: list[_Sequence] = []
         self._wake = threading.Condition()
         self._outbox = Outbox()
@@ -245,6 +152,11 @@ class InFlightEngine:
     def running(self) -> bool:
         """The worker thread runs and the engine takes requests."""
         return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def max_rows(self) -> int:
+        """Decode rows the cache has (a request needs one per beam)."""
+        return self.queue.limits.max_rows
 
     @property
     def active_rows(self) -> int:
@@ -311,7 +223,12 @@ class InFlightEngine:
 
     def _iterate(self) -> None:
         self._drop_dead()
-        joiners = self.queue.admit(self.cache.rows)
+        # Without in-flight batching a batch runs to its end before the next one is admitted.
+        joiners = (
+            self.queue.admit(self.cache.rows)
+            if self.batching.in_flight or not self.sequences
+            else []
+        )
         self._gauge_queue()
         if joiners:
             self._admit(joiners)
@@ -347,16 +264,14 @@ class InFlightEngine:
             for request in joiners:  # they left the queue: an event is all they will ever get
                 self._outbox.post(request, ErrorEvent(Internal(f"model {self.name!r}: {cause}")))
             return
-        rows_per = [request.rows for request in joiners]
-        repeat = np.repeat(np.arange(len(joiners)), rows_per)
-        cross = [c[repeat] for c in encoded.cross]
-        self.cache.add_rows(cross, encoded.mask[repeat])
+        rows = self.cache.admit(encoded, [request.rows for request in joiners])
         now = self.clock()
         self._observe("compute_time", now - started, stage="encoder")
         self._observe("batch_size", len(joiners), stage="encoder")
-        for request in joiners:
+        for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
             seq = _Sequence(request, self.spec, limit, now)
+            seq.rows = request_rows
             self._observe("queue_time", now - request.arrival)
             self.sequences.append(seq)
 
@@ -375,45 +290,34 @@ class InFlightEngine:
 
     def _step(self) -> None:
         started = self.clock()
-        input_ids = np.concatenate([seq.next_inputs for seq in self.sequences])[:, None]
+        rows = np.concatenate([seq.rows for seq in self.sequences])
+        input_ids = np.concatenate([seq.next_inputs for seq in self.sequences])
         positions = np.concatenate(
-            [np.full(seq.request.rows, seq.generated, dtype=np.int64) for seq in self.sequences]
-        )[:, None]
-        step_mask = self.cache.step_mask()
-        encoded = Encoded(self.cache.cross, self.cache.cross_mask)
-        logits, presents = self.runner.step(
-            input_ids, positions, step_mask, self.cache.past, encoded
+            [np.full(len(seq.rows), seq.generated, dtype=np.int64) for seq in self.sequences]
         )
-        self.cache.append(presents, step_mask)
+        logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
-        self._observe("batch_size", len(input_ids), stage="decoder_step")
-
-        keep: list[np.ndarray] = []
+        self._observe("batch_size", len(rows), stage="decoder_step")
         finished: list[_Sequence] = []
         first = 0
         for seq in self.sequences:
-            rows = np.arange(first, first + seq.request.rows)
-            first += seq.request.rows
-            done = self._advance(seq, logits[rows, -1], now)
-            if done:
+            count = len(seq.rows)
+            if self._advance(seq, logits[first : first + count], now):
                 finished.append(seq)
-            else:
-                keep.append(rows[self._row_order(seq)])
-        if finished or any(seq.beam is not None for seq in self.sequences):
-            self.sequences = [seq for seq in self.sequences if seq not in finished]
-            self.cache.keep_rows(np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64))
-
-    def _row_order(self, seq: _Sequence) -> np.ndarray:
-        return seq.parents if seq.beam is not None else np.zeros(1, dtype=np.int64)  # type: ignore[attr-defined]
+            elif seq.beam is not None:  # new beam i continues old beam parents[i]
+                self.cache.reorder(seq.rows, seq.rows[seq.parents])
+            first += count
+        if finished:
+            self._remove(finished)
 
     def _advance(self, seq: _Sequence, logits: np.ndarray, now: float) -> bool:
         """Choose the sequence's next token(s); True when the sequence is finished."""
         seq.generated += 1
         if seq.beam is not None:
             parents, tokens = seq.beam.step(logits)
-            seq.parents = parents  # type: ignore[attr-defined]
+            seq.parents = np.asarray(parents, dtype=np.int64)
             seq.next_inputs = np.asarray(tokens, dtype=np.int64)
             self._count_token(seq, now)
             if seq.beam.done or seq.generated >= self._position_limit(seq):
@@ -477,14 +381,11 @@ class InFlightEngine:
         return True
 
     def _remove(self, gone: list[_Sequence]) -> None:
-        keep, first = [], 0
-        for seq in self.sequences:
-            rows = np.arange(first, first + seq.request.rows)
-            first += seq.request.rows
-            if seq not in gone:
-                keep.append(rows)
+        """Drop sequences and free their cache rows at once."""
+        if not gone:
+            return
         self.sequences = [seq for seq in self.sequences if seq not in gone]
-        self.cache.keep_rows(np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64))
+        self.cache.release(np.concatenate([seq.rows for seq in gone]))
 
     def _fail_all(self, error: Exception) -> None:
         """A backend failure fails the requests of this batch only; later ones run normally."""
@@ -505,10 +406,10 @@ class InFlightEngine:
     def _gauges(self) -> None:
         if self.metrics is None:
             return
-        capacity = self.queue.limits.max_rows * self.spec.max_positions
+        tokens = self.cache.tokens
         self.metrics.active_sequences.labels(self.name).set(len(self.sequences))
-        self.metrics.kv_cache_tokens.labels(self.name).set(self.cache.tokens)
-        self.metrics.kv_cache_usage.labels(self.name).set(self.cache.tokens / capacity)
+        self.metrics.kv_cache_tokens.labels(self.name).set(tokens)
+        self.metrics.kv_cache_usage.labels(self.name).set(tokens / self.cache.capacity_tokens)
 
 
 def _deadline_error(name: str) -> DeadlineExceeded:

@@ -19,6 +19,11 @@ Semantics follow Hugging Face ``transformers`` (v5 ``_beam_search``):
   is not counted;
 - EOS is suppressed (its log-prob set to -inf after the log-softmax, without renormalising, as
   HF's ``MinNewTokensLengthLogitsProcessor``) while fewer than ``min_new_tokens`` tokens exist;
+- the model's suppressed tokens (``suppress_ids``: HF's ``bad_words_ids`` of one token) are set to
+  -inf before the log-softmax, and on the last step (``forced_eos``: HF's
+  ``forced_eos_token_id``) every token but EOS is, so EOS gets log-prob 0: HF's processors
+  followed by its renormalisation (``renormalize_logits=True``, as Marian's generation configs
+  set);
 - stopping (``early_stopping``, as HF): ``False`` (default) stops once ``beam_size`` hypotheses
   are finished and the best live beam, scored at its current length, cannot beat the worst of
   them; ``True`` stops as soon as ``beam_size`` are finished; ``"never"`` uses an exact bound
@@ -71,6 +76,8 @@ class BeamSearch:
             (at most ``beam_size - 1``).
         early_stopping: ``False`` (HF's default heuristic), ``True`` or ``"never"`` (exact); see
             the module docstring.
+        suppress_ids: tokens never chosen.
+        forced_eos: the last step (``max_new_tokens``) chooses EOS.
 
     Raises:
         ValueError: an argument outside its range.
@@ -85,6 +92,9 @@ class BeamSearch:
         length_penalty: float = 1.0,
         num_alternatives: int = 0,
         early_stopping: EarlyStopping = False,
+        *,
+        suppress_ids: tuple[int, ...] = (),
+        forced_eos: bool = False,
     ) -> None:
         _check_arguments(
             beam_size, eos_id, max_new_tokens, min_new_tokens, length_penalty, num_alternatives
@@ -100,6 +110,8 @@ class BeamSearch:
         self.length_penalty = float(length_penalty)
         self.num_alternatives = int(num_alternatives)
         self.early_stopping = early_stopping
+        self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
+        self.forced_eos = bool(forced_eos)
         self._sequences = np.zeros((1, 0), dtype=np.int64)  # live beams' tokens (rows, generated)
         self._scores = np.zeros(1, dtype=np.float64)  # live beams' cumulative log-probs
         self._finished: list[Hypothesis] = []  # best first, at most beam_size
@@ -180,7 +192,12 @@ class BeamSearch:
                 f"expected logits of shape ({' or '.join(map(str, allowed))}, V) with "
                 f"eos_id {self.eos_id} < V on step {self._generated}, got {x.shape}"
             )
-        log_probs = log_softmax(x[:1] if first else x)
+        x = x[:1] if first else x
+        x[:, self.suppress[self.suppress < x.shape[1]]] = -np.inf
+        if self.forced_eos and self._generated == self.max_new_tokens - 1:
+            x[:] = -np.inf
+            x[:, self.eos_id] = 0.0
+        log_probs = log_softmax(x)
         if self._generated < self.min_new_tokens:
             log_probs[:, self.eos_id] = -np.inf
         return log_probs

@@ -154,19 +154,31 @@ class RowSampler:
         eos_id: the end-of-sequence token, suppressed while fewer than ``min_new_tokens`` tokens
             have been generated.
         rng: a generator to use instead of one seeded from ``options.seed`` (tests).
+        suppress_ids: tokens never chosen (the model's ``DecoderSpec.suppress_ids``, e.g.
+            Marian's pad: Hugging Face's ``bad_words_ids`` / ``suppress_tokens``).
+        forced_eos_at: the token chosen after this many generated tokens is EOS (Hugging Face's
+            ``forced_eos_token_id``: the sequence's last position); None = never forced.
 
     Raises:
         ValueError: a negative ``eos_id`` or sampling options outside their ranges.
     """
 
     def __init__(
-        self, options: DecodingOptions, eos_id: int, rng: np.random.Generator | None = None
+        self,
+        options: DecodingOptions,
+        eos_id: int,
+        rng: np.random.Generator | None = None,
+        *,
+        suppress_ids: tuple[int, ...] = (),
+        forced_eos_at: int | None = None,
     ) -> None:
         _check_sampling_options(options.temperature, options.top_k, options.top_p)
         if eos_id < 0:
             raise ValueError(f"eos_id must be a token id >= 0, got {eos_id}")
         self.options = options
         self.eos_id = int(eos_id)
+        self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
+        self.forced_eos_at = forced_eos_at
         # default_rng(None) seeds from OS entropy; a seed in 0..2**64-1 makes the draws repeatable.
         self.rng = rng if rng is not None else np.random.default_rng(options.seed)
 
@@ -179,13 +191,16 @@ class RowSampler:
 
         Returns:
             The token id. Greedy (temperature 0) takes the argmax, lowest id on ties; sampling
-            draws one uniform number from the sequence's generator. When no token is possible
-            (every logit -inf or NaN, or only EOS while it is suppressed) ``eos_id`` is returned
-            so that the sequence ends instead of emitting an arbitrary token.
+            draws one uniform number from the sequence's generator. Suppressed tokens are never
+            chosen; at ``forced_eos_at`` EOS is. When no token is possible (every logit -inf or
+            NaN, or only EOS while it is suppressed) ``eos_id`` is returned so that the sequence
+            ends instead of emitting an arbitrary token.
 
         Raises:
             ValueError: ``logits_row`` is not 1-D or ``eos_id`` is not a valid index into it.
         """
+        if generated == self.forced_eos_at:
+            return self.eos_id
         if self.options.temperature == 0 and logits_row.ndim == 1:
             token = self._greedy(logits_row, generated)
             if token is not None:
@@ -197,6 +212,7 @@ class RowSampler:
             )
         if generated < self.options.min_new_tokens:
             x[self.eos_id] = -np.inf
+        x[self.suppress[self.suppress < x.size]] = -np.inf
         if not np.isfinite(x).any():
             return self.eos_id
         if self.options.temperature == 0:
@@ -213,14 +229,16 @@ class RowSampler:
         """Greedy choice without the float64 copy; None where the general path must decide.
 
         ``np.argmax`` already takes the lowest id on ties and the first +inf; only a NaN winner
-        (NaN compares above everything in argmax) or an EOS that must be suppressed needs the
-        cleaned copy.
+        (NaN compares above everything in argmax), a suppressed token or an EOS that must be
+        suppressed needs the cleaned copy.
         """
         if not 0 <= self.eos_id < logits_row.size:
             return None
         token = int(np.argmax(logits_row))
         best = logits_row[token]
         if np.isnan(best) or (token == self.eos_id and generated < self.options.min_new_tokens):
+            return None
+        if self.suppress.size and token in self.suppress:
             return None
         if best == -np.inf:  # every logit is -inf: end the sequence
             return self.eos_id

@@ -12,7 +12,13 @@ from serving.errors import InvalidArgument, ResourceExhausted
 from serving.generation.options import DecodingOptions
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from serving.runtime import Generated, ServedModel, StreamDelta
+from serving.served import (
+    Generated,
+    ServedClassifier,
+    ServedGenerator,
+    ServedModel,
+    StreamDelta,
+)
 from serving.services.common import Servicer, deadline_of, streaming, unary
 
 FINISH = {
@@ -78,7 +84,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     """Translate, caption, classify; list and describe models."""
 
     def _model(self, name: str, version: str, task: str) -> ServedModel:
-        model = self.repository.get(name)
+        model: ServedModel = self.repository.get(name)
         _check_version(model, version)
         if model.config.task != task:
             raise InvalidArgument(
@@ -86,10 +92,22 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             )
         return model
 
+    def _generator(self, name: str, version: str, task: str) -> ServedGenerator:
+        model = self._model(name, version, task)
+        assert isinstance(model, ServedGenerator)  # only generators do translation / captioning
+        return model
+
+    def _classifier(self, name: str, version: str) -> ServedClassifier:
+        model = self._model(name, version, "classification")
+        assert isinstance(model, ServedClassifier)  # only classifiers do classification
+        return model
+
     # --- translation ----------------------------------------------------------------------------
     @unary("Translate", lambda r: _model_name(r, "translate"))
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext):
-        model = self._model(_model_name(request, "translate"), request.model_version, "translation")
+        model = self._generator(
+            _model_name(request, "translate"), request.model_version, "translation"
+        )
         if not request.texts:
             raise InvalidArgument("texts is empty; send at least one text to translate")
         limit = model.config.limits.max_texts_per_request
@@ -136,7 +154,9 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     async def TranslateStream(
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
-        model = self._model(_model_name(request, "translate"), request.model_version, "translation")
+        model = self._generator(
+            _model_name(request, "translate"), request.model_version, "translation"
+        )
         options = _stream_options(request.options)
         job = model.request(
             options,
@@ -149,7 +169,9 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     # --- captioning -----------------------------------------------------------------------------
     @unary("Caption", lambda r: _model_name(r, "caption"))
     async def Caption(self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext):
-        model = self._model(_model_name(request, "caption"), request.model_version, "captioning")
+        model = self._generator(
+            _model_name(request, "caption"), request.model_version, "captioning"
+        )
         job = model.request(
             decoding_options(request.options),
             pixels=model.image_pixels(request.image),
@@ -172,7 +194,9 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     async def CaptionStream(
         self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CaptionStreamResponse]:
-        model = self._model(_model_name(request, "caption"), request.model_version, "captioning")
+        model = self._generator(
+            _model_name(request, "caption"), request.model_version, "captioning"
+        )
         options = _stream_options(request.options)
         job = model.request(
             options, pixels=model.image_pixels(request.image), timeout_s=deadline_of(context)
@@ -181,7 +205,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             yield self._stream_message(pb.CaptionStreamResponse, model, item)
 
     @staticmethod
-    def _stream_message(cls: Any, model: ServedModel, item: StreamDelta | Generated) -> Any:
+    def _stream_message(cls: Any, model: ServedGenerator, item: StreamDelta | Generated) -> Any:
         if isinstance(item, StreamDelta):
             return cls(delta=item.delta, token_ids=item.token_ids, index=item.index)
         return cls(
@@ -195,9 +219,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     # --- classification -------------------------------------------------------------------------
     @unary("Classify", lambda r: _model_name(r, "classify"))
     async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext):
-        model = self._model(
-            _model_name(request, "classify"), request.model_version, "classification"
-        )
+        model = self._classifier(_model_name(request, "classify"), request.model_version)
         pixels = model.image_pixels(request.image)
         labels = await model.classify(pixels, request.top_k, timeout_s=deadline_of(context))
         return pb.ClassifyResponse(
@@ -221,31 +243,31 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
 
 
 def model_info(model: ServedModel) -> pb.ModelInfo:
-    """ModelInfo of a served model: kind, limits, batching, languages or labels, tensors."""
+    """ModelInfo of a served model: kind, limits, batching, languages or labels."""
     c = model.config
     info = pb.ModelInfo(
         name=c.name,
         versions=[str(model.version)],
+        version=str(model.version),
         kind=c.kind,
         task=c.task,
         backend=c.backend,
         state=pb.MODEL_STATE_READY,
         limits=pb.Limits(
-            max_batch_size=c.limits.max_batch_size,
-            max_source_length=c.limits.max_source_length,
-            max_new_tokens=c.limits.max_new_tokens,
-            max_image_bytes=c.limits.max_image_bytes,
+            max_batch_size=c.limits.max_batch_size, max_image_bytes=c.limits.max_image_bytes
         ),
         batching=pb.Batching(
             max_batch_size=c.batching.max_batch_size,
-            max_queue_delay_us=c.batching.max_queue_delay_us,
             max_queue_size=c.batching.max_queue_size,
             timeout_ms=c.batching.timeout_ms,
-            in_flight=c.batching.in_flight and c.kind == "seq2seq",
         ),
-        languages=list(c.languages),
-        labels=list(c.labels),
     )
-    if hasattr(info, "version"):
-        info.version = str(model.version)
+    if isinstance(model, ServedClassifier):
+        info.labels.extend(model.config.labels)
+        info.batching.max_queue_delay_us = model.config.batching.max_queue_delay_us
+    else:
+        info.languages.extend(model.config.languages)
+        info.limits.max_source_length = model.config.limits.max_source_length
+        info.limits.max_new_tokens = model.config.limits.max_new_tokens
+        info.batching.in_flight = model.config.batching.in_flight
     return info

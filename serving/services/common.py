@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from serving.errors import ServingError, Unavailable
+from serving.errors import ServingError, Unavailable, status_code
 from serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
@@ -22,10 +22,12 @@ UNKNOWN_MODEL = "unknown"  # metrics label for names no model has (keeps label c
 
 
 class ServerState:
-    """Shared by the servicers: whether the server still takes new work."""
+    """Shared by the servicers: whether the server still takes new work, and how many calls
+    are being answered (a drain waits for them)."""
 
     def __init__(self) -> None:
         self.draining = False
+        self.active = 0
 
     def check_serving(self) -> None:
         if self.draining:
@@ -59,12 +61,11 @@ class Servicer:
         )
 
 
-async def _abort(context: grpc.aio.ServicerContext, err: BaseException) -> str:
+def error_message(err: BaseException) -> str:
+    """What the client reads: a ServingError's own message, else the internal error named."""
     if isinstance(err, ServingError):
-        await context.abort(err.code, str(err))
-    log.exception("internal error", exc_info=err)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}: {err}")
-    return "INTERNAL"  # unreachable: abort raises
+        return str(err)
+    return f"internal error: {type(err).__name__}: {err}"
 
 
 def ended_early(context: grpc.aio.ServicerContext) -> str:
@@ -76,33 +77,65 @@ def ended_early(context: grpc.aio.ServicerContext) -> str:
     return "DEADLINE_EXCEEDED" if expired else "CANCELLED"
 
 
+ErrorSink = Callable[[str, str], None]  # (status code name, message) of a failed call
+
+
 @contextlib.asynccontextmanager
 async def served_call(
-    servicer: Servicer, method: str, model: str, context: grpc.aio.ServicerContext
+    servicer: Servicer,
+    method: str,
+    model: str,
+    context: grpc.aio.ServicerContext,
+    *,
+    refuse_when_draining: bool = True,
+    report: ErrorSink | None = None,
 ) -> AsyncIterator[None]:
-    """One RPC's envelope: refuse while draining, map errors to statuses, record metrics."""
+    """The envelope of every RPC: map errors to statuses and record the request metrics.
+
+    Args:
+        servicer: holds the server state and metrics.
+        method: the metrics ``method`` label.
+        model: the requested model name (an unknown one is counted as "unknown").
+        context: the call's context.
+        refuse_when_draining: answer UNAVAILABLE while the server drains (health and metadata
+            probes keep answering, as Triton's do).
+        report: where a failure goes instead of aborting the call (one request of a KServe
+            stream fails into its response's error_message; the stream stays open).
+    """
     started = time.perf_counter()
     code = "OK"
+    servicer.state.active += 1
     try:
-        servicer.state.check_serving()
+        if refuse_when_draining:
+            servicer.state.check_serving()
         yield
     except (asyncio.CancelledError, GeneratorExit):  # GeneratorExit: a stream closed early
         code = ended_early(context)
         raise
     except Exception as err:
-        code = err.code.name if isinstance(err, ServingError) else "INTERNAL"
-        await _abort(context, err)
+        code = status_code(err).name
+        if not isinstance(err, ServingError):
+            log.exception("internal error in %s", method)
+        if report is None:
+            await context.abort(status_code(err), error_message(err))
+        else:
+            report(code, error_message(err))
     finally:
+        servicer.state.active -= 1
         servicer.record(servicer.model_label(model), method, code, started)
 
 
-def unary(method: str, model_of: Callable[[Any], str]) -> Callable:
-    """Wrap a unary servicer method in ``served_call``."""
+def unary(
+    method: str, model_of: Callable[[Any], str], *, refuse_when_draining: bool = True
+) -> Callable:
+    """Wrap a unary servicer method in ``served_call`` (``refuse_when_draining``: see there)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
-            async with served_call(self, method, model_of(request), context):
+            async with served_call(
+                self, method, model_of(request), context, refuse_when_draining=refuse_when_draining
+            ):
                 return await fn(self, request, context)
 
         return handler

@@ -7,9 +7,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contract.tokenizer import SubwordTokenizer
 from models.data.translation import generate_pairs
-from models.tokenizer import SubwordTokenizer
-from serving.runtime import IncrementalDetokenizer
+from serving.generation.detokenizer import IncrementalDetokenizer
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "models" / "checkpoints" / "translator"
 TOKENIZER = SubwordTokenizer.load(CHECKPOINT)

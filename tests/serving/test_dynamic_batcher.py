@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.model_config import DynamicBatching
 from serving.batching import DynamicBatcher
 from serving.batching.dynamic import batch_is_full, deadline_for, delay_remaining, is_expired
 from serving.errors import (
@@ -23,12 +24,11 @@ from serving.errors import (
     Unavailable,
 )
 from serving.metrics import ServingMetrics
-from serving.model_config import Batching
 
 LONG_DELAY_US = 10_000_000  # 10 s: a batch only leaves because it is full, or on stop()
 
 
-def make_settings(**overrides: Any) -> Batching:
+def make_settings(**overrides: Any) -> DynamicBatching:
     """Batching settings for tests: small batches, a short delay, a roomy queue."""
     values: dict[str, Any] = {
         "max_batch_size": 8,
@@ -37,7 +37,7 @@ def make_settings(**overrides: Any) -> Batching:
         "timeout_ms": 5_000,
     }
     values.update(overrides)
-    return Batching(**values)
+    return DynamicBatching(**values)
 
 
 class FakeModel:
@@ -81,7 +81,7 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 2.0) -> N
 
 def run_with_batcher(
     model: FakeModel,
-    batching: Batching,
+    batching: DynamicBatching,
     body: Callable[[DynamicBatcher[int, int]], Awaitable[Any]],
     **kwargs: Any,
 ) -> Any:

@@ -1,4 +1,8 @@
-"""The in-flight engine over real ONNX Runtime sessions of a tiny exported translator."""
+"""The in-flight engine over real ONNX Runtime sessions of a tiny exported translator.
+
+Every engine test runs twice: with the growing cache of ``decoder.onnx`` and with the
+fixed-capacity cache written in place by ``decoder_inplace.onnx``.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +13,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contract.graphs import INPLACE_GRAPH_FILES, graph_files
+from contract.repository import read_model_config, resolve_version
 from serving.backends.base import BackendError
 from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.backends.onnxruntime_io import InPlaceDecoder
 from serving.engine.cache import BatchKVCache
-from serving.engine.inflight import (
+from serving.engine.inflight import InFlightEngine
+from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.requests import (
     ErrorEvent,
     FinishEvent,
     GenerationRequest,
-    InFlightEngine,
     TokenEvent,
 )
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted
 from serving.generation.options import DecodingOptions
-from serving.model_config import read_model_config, resolve_version
 from serving.seq2seq import Seq2SeqRunner
 
 # --- pure pieces --------------------------------------------------------------------------------
@@ -88,19 +95,30 @@ def test_cache_rows_join_leave_and_trim() -> None:
 
 
 @pytest.fixture(scope="module")
-def runner_and_config(tiny_repository: Path):
+def translator_backend(tiny_repository: Path):
     entry = tiny_repository / "translator"
-    config = read_model_config(entry)
-    backend = OnnxRuntimeBackend(
-        resolve_version(entry), {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
-    )
-    return Seq2SeqRunner(backend, config.decoder), config
+    files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
+    return OnnxRuntimeBackend(resolve_version(entry), files), read_model_config(entry)
+
+
+@pytest.fixture(params=["growing", "inplace"])
+def runner_and_config(request: pytest.FixtureRequest, translator_backend):
+    backend, config = translator_backend
+    return Seq2SeqRunner(backend, config.decoder), config, request.param
+
+
+def inplace_cache(backend: OnnxRuntimeBackend, config, rows: int, decoder=InPlaceDecoder):
+    sessions = {graph: backend.session(graph) for graph in INPLACE_GRAPH_FILES}
+    device = decoder(sessions, config.decoder, rows, 20, config.limits.max_source_length)
+    return InPlaceKVCache(device, config.decoder.pad_id)
 
 
 def make_engine(runner_and_config, **batching) -> InFlightEngine:
-    runner, config = runner_and_config
+    runner, config, kind = runner_and_config
     settings = dataclasses.replace(config.batching, **batching)
-    return InFlightEngine("translator", runner, config.decoder, 20, settings)
+    rows = settings.max_active_sequences
+    cache = inplace_cache(runner.backend, config, rows) if kind == "inplace" else None
+    return InFlightEngine("translator", runner, config.decoder, 20, settings, cache=cache)
 
 
 def source(seed: int) -> np.ndarray:
@@ -228,7 +246,7 @@ def test_full_queue_is_refused_at_once(runner_and_config) -> None:
 
 
 def test_a_backend_fault_fails_only_its_batch(runner_and_config) -> None:
-    runner, config = runner_and_config
+    runner, config, kind = runner_and_config
 
     class Flaky:
         """Fails the first decoder call, then behaves."""
@@ -245,10 +263,25 @@ def test_a_backend_fault_fails_only_its_batch(runner_and_config) -> None:
                 raise BackendError("decoder graph failed: injected fault")
             return self.inner.run(graph, feeds)
 
+    class FlakyInPlace(InPlaceDecoder):
+        """Fails the first in-place decoder step, then behaves."""
+
+        failed = False
+
+        def step(self, *args):
+            if not FlakyInPlace.failed:
+                FlakyInPlace.failed = True
+                raise BackendError("decoder_inplace graph failed: injected fault")
+            return super().step(*args)
+
     flaky = Seq2SeqRunner(Flaky(runner.backend), config.decoder)
+    rows = config.batching.max_active_sequences
+    cache = inplace_cache(runner.backend, config, rows, FlakyInPlace) if kind == "inplace" else None
 
     async def go():
-        engine = InFlightEngine("translator", flaky, config.decoder, 20, config.batching)
+        engine = InFlightEngine(
+            "translator", flaky, config.decoder, 20, config.batching, cache=cache
+        )
         engine.start()
         try:
             first = await collect(

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from serving.errors import InvalidArgument
-from serving.kserve_tensors import (
+from serving.kserve.tensors import (
     CONTENTS_FIELDS,
     NUMERIC_DTYPES,
     decode_bytes,

@@ -13,8 +13,8 @@ import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from contract.images import encode_png
 from models.data import digits, shapes
-from models.data.images import encode_png
 from serving.client import AttnServeClient, ClientError
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc

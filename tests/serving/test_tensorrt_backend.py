@@ -1,10 +1,14 @@
-"""serving.backends.tensorrt: plan checks, install errors, bookkeeping helpers, real engines.
+"""The TensorRT backend: plan checks, install errors, bookkeeping helpers.
+
+Covers ``serving.backends.tensorrt`` (the backend), ``tensorrt_engine`` (engine runners, the
+TensorRT import), ``tensorrt_io`` (plans, feeds, shapes, types) and ``cuda`` (CUDA calls, buffers).
 
 What needs no GPU runs everywhere: missing plans and missing TensorRT / cuda-python give the
 documented errors, ``make_backend`` routes ``backend: tensorrt`` here, and the feed, shape, type
 and device-buffer helpers work (buffers with a recording fake allocator). CUDA error checks run
-against the real cuda-python bindings where they are installed. Engine round trips against ONNX
-Runtime run only where TensorRT, cuda-python and a GPU are present.
+against the real cuda-python bindings where they are installed. Choosing TensorRT or TensorRT-RTX:
+test_tensorrt_flavour.py; engine round trips against ONNX Runtime (TensorRT or TensorRT-RTX,
+cuda-python and a GPU): test_tensorrt_engines.py.
 """
 
 from __future__ import annotations
@@ -15,37 +19,30 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 
+from contract.graphs import graph_files
+from contract.model_config import ClassifierConfig, ImageSpec
 from serving.backends.base import BackendError
-from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.backends.tensorrt import (
-    INSTALL_MESSAGE,
+from serving.backends.cuda import (
     MIN_ALLOCATION,
     CudaRuntime,
     DeviceBuffers,
-    TensorRTBackend,
     check_cuda,
-    check_plans,
     grow_capacity,
+)
+from serving.backends.tensorrt import TensorRTBackend
+from serving.backends.tensorrt_engine import INSTALL_MESSAGE
+from serving.backends.tensorrt_io import (
+    check_plans,
     onnx_type,
     plan_path,
     prepare_feed,
     resolved_shape,
 )
-from serving.model_config import ImageSpec, ModelConfig
-from serving.repository import graph_files, make_backend
-
-if TYPE_CHECKING:  # pragma: no cover - typing only (export imports torch)
-    from export.exporter import ExportResult
-
-TENSORRT_SKIP_REASON = (
-    "TensorRT is not installable on these CPU machines (NVIDIA's package index and a GPU are "
-    "needed)"
-)
+from serving.repository import make_backend
 
 
 def _has(module: str) -> bool:
@@ -56,9 +53,6 @@ def _has(module: str) -> bool:
 
 
 HAS_CUDA_PYTHON = _has("cuda.bindings.runtime") or _has("cuda.cudart")
-requires_tensorrt = pytest.mark.skipif(
-    not (_has("tensorrt") and HAS_CUDA_PYTHON), reason=TENSORRT_SKIP_REASON
-)
 requires_cuda_python = pytest.mark.skipif(
     not HAS_CUDA_PYTHON, reason="cuda-python is not installed (pip install cuda-python)"
 )
@@ -67,12 +61,9 @@ VIT_FILES = {"model": "model.onnx"}
 SEQ2SEQ_FILES = {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
 
 
-def _vit_config() -> ModelConfig:
-    return ModelConfig(
+def _vit_config() -> ClassifierConfig:
+    return ClassifierConfig(
         name="vit",
-        kind="classifier",
-        task="classification",
-        input="image",
         backend="tensorrt",
         image=ImageSpec(size=32),
     )
@@ -84,8 +75,10 @@ def _write_plans(version_dir: Path, files: dict[str, str]) -> None:
 
 
 def _block_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make `import tensorrt` fail here exactly as on a machine without it."""
-    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    """Make both TensorRT flavours fail to import, exactly as on a machine without them."""
+    for module in ("tensorrt", "tensorrt_rtx_bindings"):
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delenv("ATTNSERVE_TENSORRT_FLAVOUR", raising=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +131,7 @@ def test_without_cuda_python_construction_gives_the_install_message(
     present = ModuleType("tensorrt")  # importable, never used: cuda-python is checked first
     present.__version__ = "10.14.1"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "tensorrt", present)
+    monkeypatch.delenv("ATTNSERVE_TENSORRT_FLAVOUR", raising=False)
     for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(BackendError) as caught:
@@ -150,7 +144,7 @@ def test_make_backend_routes_tensorrt_configs_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = _vit_config()
-    assert graph_files(config) == VIT_FILES
+    assert graph_files(config.kind) == VIT_FILES
     with pytest.raises(BackendError, match="--tensorrt"):
         make_backend(config, tmp_path)
     _write_plans(tmp_path, VIT_FILES)
@@ -162,8 +156,10 @@ def test_make_backend_routes_tensorrt_configs_here(
 
 def test_importing_the_module_imports_neither_tensorrt_cuda_nor_torch() -> None:
     code = (
-        "import sys; import serving.backends.tensorrt; "
-        "print(sorted(m for m in ('tensorrt', 'cuda', 'torch') if m in sys.modules))"
+        "import sys; import serving.backends.tensorrt, serving.backends.tensorrt_engine, "
+        "serving.backends.tensorrt_io, serving.backends.cuda; "
+        "print(sorted(m for m in ('tensorrt', 'tensorrt_rtx_bindings', 'cuda', 'torch') "
+        "if m in sys.modules))"
     )
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
@@ -436,86 +432,3 @@ def test_real_cuda_copies_round_trip_through_device_buffers() -> None:
     finally:
         buffers.release()
         cuda.stream_destroy(stream)
-
-
-# --------------------------------------------------------------------------------------------
-# Real engines (TensorRT, cuda-python and a GPU)
-# --------------------------------------------------------------------------------------------
-
-
-def _export_tensorrt(tmp: Path, kind: str) -> ExportResult:
-    import torch
-
-    from export.exporter import ExportOptions, export
-    from export.sources import LoadedSource
-    from models import translator, vit
-
-    torch.manual_seed(0)
-    model: torch.nn.Module
-    if kind == "vit":
-        model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8))
-    else:
-        model = translator.Translator(translator.preset("tiny"))
-    loaded = LoadedSource(kind, model.eval(), None, "test", "0")
-    return export(loaded, tmp, ExportOptions(tensorrt=True, parity_examples=100))
-
-
-def _assert_close(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
-    assert actual.shape == expected.shape, what
-    np.testing.assert_allclose(
-        actual.astype(np.float32), expected.astype(np.float32), atol=1e-3, rtol=1e-3, err_msg=what
-    )
-
-
-@requires_tensorrt
-@pytest.mark.requires_tensorrt
-def test_vit_engine_matches_onnxruntime(tmp_path: Path) -> None:
-    result = _export_tensorrt(tmp_path, "vit")
-    reference = OnnxRuntimeBackend(result.version_dir, VIT_FILES)
-    rng = np.random.default_rng(0)
-    with TensorRTBackend(result.version_dir, VIT_FILES) as backend:
-        assert backend.graphs() == ["model"]
-        assert backend.input_names("model") == reference.input_names("model")
-        assert backend.output_names("model") == reference.output_names("model")
-        assert backend.input_types("model") == reference.input_types("model")
-        for batch in (2, 5, 1, 5):  # grows the buffers, then reuses them
-            pixels = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
-            got = backend.run("model", {"pixel_values": pixels})
-            want = reference.run("model", {"pixel_values": pixels})
-            _assert_close(got["logits"], want["logits"], f"logits, batch {batch}")
-        with pytest.raises(BackendError, match="outside the engine's profile"):
-            backend.run("model", {"pixel_values": np.zeros((1, 3, 31, 31), np.float32)})
-        with pytest.raises(BackendError, match="missing"):
-            backend.run("model", {})
-
-
-@requires_tensorrt
-@pytest.mark.requires_tensorrt
-def test_translator_engines_match_onnxruntime_as_the_cache_grows(tmp_path: Path) -> None:
-    from serving.model_config import read_model_config
-    from serving.seq2seq import Seq2SeqRunner
-
-    result = _export_tensorrt(tmp_path, "translator")
-    spec = read_model_config(result.entry).decoder
-    assert spec is not None
-    reference = Seq2SeqRunner(OnnxRuntimeBackend(result.version_dir, SEQ2SEQ_FILES), spec)
-    with TensorRTBackend(result.version_dir, SEQ2SEQ_FILES) as backend:
-        runner = Seq2SeqRunner(backend, spec)
-        assert runner.kv_dtype == reference.kv_dtype
-        rng = np.random.default_rng(0)
-        ids = rng.integers(3, spec.vocab_size, size=(2, 7)).astype(np.int64)
-        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        encoded = reference.encode(feeds)
-        for got, want in zip(runner.encode(feeds).cross, encoded.cross, strict=True):
-            _assert_close(got, want, "cross keys/values")
-        tokens = np.full((2, 1), spec.decoder_start_id, dtype=np.int64)
-        past = reference.empty_past(2)
-        for step in range(6):  # both get the reference cache: shapes change every call
-            positions = np.full((2, 1), step, dtype=np.int64)
-            mask = np.ones((2, step + 1), dtype=np.int64)
-            logits, presents = runner.step(tokens, positions, mask, past, encoded)
-            want_logits, past = reference.step(tokens, positions, mask, past, encoded)
-            _assert_close(logits, want_logits, f"logits, step {step}")
-            for got, want in zip(presents, past, strict=True):
-                _assert_close(got, want, f"present cache, step {step}")
-            tokens = want_logits[:, -1].argmax(-1)[:, None].astype(np.int64)

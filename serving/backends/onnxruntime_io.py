@@ -1,0 +1,256 @@
+"""Device-resident decoding on ONNX Runtime: the in-place decoder's buffers and bound runs.
+
+The KV cache and the cross-attention keys / values live on the execution provider's device as
+preallocated tensors of ``rows x ...``; every call binds the leading rows it needs by address
+(IO binding), so nothing is copied between calls:
+
+- ``step``: the in-place decoder graph writes each row's new key / value into the cache where it
+  lies (its ``present_*`` outputs are bound to the ``past_*`` buffers); only the token ids and
+  the per-row lengths go in, only the logits come out;
+- ``write_cross``: a joining request's encoder output goes into its rows (``cache_write`` graph);
+- ``copy_rows``: beam search continues a row in another (``cache_copy`` graph);
+- ``resize``: a cache re-laid out at another width when its longest row needs it
+  (``cache_resize`` graph).
+
+The same code runs on the CPU (buffers in host memory, bound zero-copy) and on CUDA (buffers in
+device memory); ``contract.graphs`` documents the three graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from contract.graphs import (
+    CACHE_COPY,
+    CACHE_RESIZE,
+    CACHE_WRITE,
+    DECODER_INPLACE,
+    LOGITS,
+    ROWS,
+    SOURCE_ROWS,
+    WIDTH,
+    kv_names,
+    present_name,
+    resize_buffer_names,
+    update_name,
+    written_name,
+)
+from contract.model_config import DecoderSpec
+from serving.backends.base import BackendError
+
+CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where a session computes: ``cpu``, or ``cuda`` with its index."""
+
+    kind: str = "cpu"
+    index: int = 0
+
+    @classmethod
+    def of(cls, session: ort.InferenceSession) -> Device:
+        """The device of a session's first (preferred) execution provider."""
+        first = session.get_providers()[0]
+        if first in CUDA_PROVIDERS:
+            options = session.get_provider_options().get(first, {})
+            return cls("cuda", int(options.get("device_id", 0)))
+        return cls("cpu", 0)
+
+
+class CacheBuffer:
+    """Memory on a device for ``rows x heads x max_width x head_dim`` values, laid out compactly
+    as ``[rows, heads, width, head_dim]`` for the current ``width`` <= ``max_width``.
+
+    The leading rows are bound to a graph by address (a contiguous prefix). Zero-filled, so that
+    positions no row has written hold finite values.
+    """
+
+    def __init__(
+        self, rows: int, heads: int, max_width: int, head_dim: int, dtype: type, device: Device
+    ) -> None:
+        self.rows, self.heads, self.max_width, self.head_dim = rows, heads, max_width, head_dim
+        self.width = max_width
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        zeros = np.zeros(rows * heads * max_width * head_dim, dtype=self.dtype)
+        if device.kind == "cpu":
+            self._host: np.ndarray | None = zeros  # the OrtValue below shares this memory
+            self.value = ort.OrtValue.ortvalue_from_numpy(zeros)
+        else:
+            self._host = None
+            self.value = ort.OrtValue.ortvalue_from_numpy(zeros, device.kind, device.index)
+        self.pointer = self.value.data_ptr()
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.heads * self.max_width * self.head_dim * self.dtype.itemsize
+
+    def shape(self, rows: int) -> list[int]:
+        return [rows, self.heads, self.width, self.head_dim]
+
+    def bind(self, io: ort.IOBinding, name: str, rows: int, *, output: bool = False) -> None:
+        """Bind rows ``[0, rows)`` at the current width as input (or output) ``name``."""
+        bind = io.bind_output if output else io.bind_input
+        bind(name, self.device.kind, self.device.index, self.dtype, self.shape(rows), self.pointer)
+
+    def host(self) -> np.ndarray:
+        """A numpy view of the current layout (CPU buffers only; tests look inside)."""
+        if self._host is None:
+            raise RuntimeError("only CPU buffers have a host view")
+        size = self.rows * self.heads * self.width * self.head_dim
+        return self._host[:size].reshape(self.rows, self.heads, self.width, self.head_dim)
+
+
+class InPlaceDecoder:
+    """The in-place decoder, its cache graphs and their device buffers for one model.
+
+    The self-attention caches are ``rows x capacity`` positions, the cross-attention ones
+    ``rows x source_capacity``; each is bound at its current width (``past_width``,
+    ``source_width``), which the caller keeps as small as the longest row needs, because ONNX
+    Runtime's attention kernels read the whole bound width (``resize`` re-lays a cache out).
+
+    Args:
+        sessions: ONNX Runtime sessions of the graphs in ``INPLACE_GRAPHS``
+            (``OnnxRuntimeBackend.session``).
+        spec: the model's decoder facts (layers, heads, head size, vocabulary).
+        rows: cache rows (the most sequences decoded at once).
+        capacity: cache positions per row (the most tokens one sequence feeds the decoder).
+        source_capacity: cross-attention positions per row (the longest encoder output).
+
+    Raises:
+        BackendError: a graph is missing or its inputs are not the in-place contract's.
+    """
+
+    def __init__(
+        self,
+        sessions: Mapping[str, ort.InferenceSession],
+        spec: DecoderSpec,
+        rows: int,
+        capacity: int,
+        source_capacity: int,
+    ) -> None:
+        missing = [g for g in INPLACE_GRAPHS if g not in sessions]
+        if missing:
+            raise BackendError(f"in-place decoding needs the graphs {missing}; re-export the model")
+        self.decoder = sessions[DECODER_INPLACE]
+        self.copier = sessions[CACHE_COPY]
+        self.writer = sessions[CACHE_WRITE]
+        self.resizer = sessions[CACHE_RESIZE]
+        self.device = Device.of(self.decoder)
+        self.rows, self.capacity, self.source_capacity = rows, capacity, source_capacity
+        past_names = kv_names("past", spec.num_layers)
+        types = {i.name: i.type for i in self.decoder.get_inputs()}
+        if past_names[0] not in types or "cache_lengths" not in types:
+            raise BackendError(f"{DECODER_INPLACE} does not take the in-place decoder's inputs")
+        self.kv_dtype = _NUMPY_TYPES.get(types[past_names[0]], np.float32)
+        heads, dim, dtype, device = spec.num_heads, spec.head_dim, self.kv_dtype, self.device
+        self.past = {n: CacheBuffer(rows, heads, capacity, dim, dtype, device) for n in past_names}
+        self.cross = {
+            n: CacheBuffer(rows, heads, source_capacity, dim, dtype, device)
+            for n in kv_names("cross", spec.num_layers)
+        }
+        self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
+        self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
+
+    @property
+    def past_width(self) -> int:
+        return next(iter(self.past.values())).width
+
+    @property
+    def source_width(self) -> int:
+        return next(iter(self.cross.values())).width
+
+    def step(
+        self, input_ids: np.ndarray, cache_lengths: np.ndarray, cross_lengths: np.ndarray
+    ) -> np.ndarray:
+        """One decoder step over rows ``[0, len(input_ids))``.
+
+        Args:
+            input_ids: (B,) int64 the new token of every row.
+            cache_lengths: (B,) int64 tokens already in each row's cache (where the new one goes;
+                below ``past_width``).
+            cross_lengths: (B,) int64 real source positions per row (1..``source_width``).
+
+        Returns:
+            The logits (B, vocab) of the new tokens, a view of a buffer the next step reuses.
+        """
+        batch = len(input_ids)
+        io = self.decoder.io_binding()
+        io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids[:, None], dtype=np.int64))
+        io.bind_cpu_input("cache_lengths", np.ascontiguousarray(cache_lengths, dtype=np.int64))
+        io.bind_cpu_input("cross_lengths", np.ascontiguousarray(cross_lengths, dtype=np.int64))
+        for name, buffer in self.past.items():
+            buffer.bind(io, name, batch)
+            buffer.bind(io, present_name(name), batch, output=True)
+        for name, buffer in self.cross.items():
+            buffer.bind(io, name, batch)
+        logits = self.logits[:batch]
+        io.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self._run(self.decoder, io, DECODER_INPLACE)
+        return logits[:, 0]
+
+    def write_cross(self, rows: np.ndarray, cross: list[np.ndarray]) -> None:
+        """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width)."""
+        io = self.writer.io_binding()
+        io.bind_cpu_input(ROWS, np.ascontiguousarray(rows, dtype=np.int64))
+        for (name, buffer), values in zip(self.cross.items(), cross, strict=True):
+            buffer.bind(io, name, self.rows)
+            buffer.bind(io, written_name(name), self.rows, output=True)
+            io.bind_cpu_input(update_name(name), np.ascontiguousarray(values, dtype=self.kv_dtype))
+        self._run(self.writer, io, CACHE_WRITE)
+
+    def copy_rows(self, rows: np.ndarray, source_rows: np.ndarray) -> None:
+        """Make cache row ``rows[j]`` a copy of row ``source_rows[j]`` (every layer)."""
+        io = self.copier.io_binding()
+        io.bind_cpu_input(ROWS, np.ascontiguousarray(rows, dtype=np.int64))
+        io.bind_cpu_input(SOURCE_ROWS, np.ascontiguousarray(source_rows, dtype=np.int64))
+        for name, buffer in self.past.items():
+            buffer.bind(io, name, self.rows)
+            buffer.bind(io, written_name(name), self.rows, output=True)
+        self._run(self.copier, io, CACHE_COPY)
+
+    def resize(self, which: str, width: int, rows: int) -> None:
+        """Re-lay out the ``past`` or ``cross`` caches at ``width`` positions, keeping the data of
+        the leading ``rows`` (cut or zero-padded along the sequence axis).
+
+        Two runs of ``cache_resize``: into scratch tensors the runtime allocates on the device,
+        then back into the buffers at the new width (old and new layouts overlap in memory).
+        """
+        buffers = list((self.past if which == "past" else self.cross).values())
+        limit = buffers[0].max_width
+        if not 1 <= width <= limit:
+            raise ValueError(f"{which} width {width} is outside 1..{limit}")
+        if rows:
+            names = resize_buffer_names(len(buffers) // 2)
+            target = np.array([width], dtype=np.int64)
+            io = self.resizer.io_binding()
+            io.bind_cpu_input(WIDTH, target)
+            for name, buffer in zip(names, buffers, strict=True):
+                buffer.bind(io, name, rows)
+                io.bind_output(written_name(name), self.device.kind, self.device.index)
+            self._run(self.resizer, io, CACHE_RESIZE)
+            scratch = io.get_outputs()
+            for buffer in buffers:
+                buffer.width = width
+            io = self.resizer.io_binding()
+            io.bind_cpu_input(WIDTH, target)
+            for name, value, buffer in zip(names, scratch, buffers, strict=True):
+                io.bind_ortvalue_input(name, value)
+                buffer.bind(io, written_name(name), rows, output=True)
+            self._run(self.resizer, io, CACHE_RESIZE)
+        for buffer in buffers:
+            buffer.width = width
+
+    @staticmethod
+    def _run(session: ort.InferenceSession, io: ort.IOBinding, graph: str) -> None:
+        try:
+            session.run_with_iobinding(io)
+        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+            raise BackendError(f"{graph} graph failed: {err}") from err

@@ -1,0 +1,122 @@
+"""The fixed-capacity KV cache written in place, behind the ``DecodeCache`` interface.
+
+Every row of the cache belongs to at most one sequence (a beam request holds one row per beam).
+A joining request takes the lowest free rows and its encoder output is written into them once; a
+step runs the leading rows up to the highest one in use (idle rows among them cost compute but
+no copies); a finished request's rows are free the moment it ends.
+
+Both caches are bound only as wide as their longest row needs, in powers of two (attention
+kernels read every bound position, whatever ``lengths`` say): the self-attention cache widens
+when a row is about to outgrow it, the cross-attention cache when a longer source joins, and
+both narrow when the rows that needed the width leave. The device side (buffers, bound runs,
+re-layouts) is ``serving.backends.onnxruntime_io.InPlaceDecoder``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.slots import RowSlots, rows_to_compute, width_bucket
+from serving.seq2seq import Encoded
+
+
+class InPlaceKVCache:
+    """``DecodeCache`` over an ``InPlaceDecoder``.
+
+    Args:
+        decoder: the device buffers and graphs (its ``rows`` and ``capacity`` bound the cache).
+        pad_id: the token idle rows are fed.
+        buckets: the batch sizes a step may run (ascending; empty: exactly the rows needed).
+    """
+
+    def __init__(self, decoder: InPlaceDecoder, pad_id: int, buckets: tuple[int, ...] = ()) -> None:
+        self.decoder = decoder
+        self.pad_id = pad_id
+        self.buckets = buckets
+        self.slots = RowSlots(decoder.rows)
+        self.lengths = np.zeros(decoder.rows, dtype=np.int64)  # tokens cached per row
+        self.cross_lengths = np.ones(decoder.rows, dtype=np.int64)  # 1 for idle rows
+        self.relayouts = 0  # cache re-layouts so far (tests and benchmarks read it)
+        self._fit("past", 1)  # start narrow: nothing is cached yet
+        self._fit("cross", 1)
+        self.relayouts = 0
+
+    @property
+    def rows(self) -> int:
+        return self.slots.used
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.decoder.rows * self.decoder.capacity
+
+    def admit(self, encoded: Encoded, rows_per_request: Sequence[int]) -> list[np.ndarray]:
+        source = encoded.mask.shape[1]
+        if source > self.decoder.source_capacity:
+            raise ValueError(
+                f"an encoder output of {source} positions does not fit the cache's "
+                f"{self.decoder.source_capacity} (limits.max_source_length)"
+            )
+        repeat = np.repeat(np.arange(len(rows_per_request)), rows_per_request)
+        in_use = self.cross_lengths[self._used()]
+        self._fit("cross", max(source, int(in_use.max(initial=1))))
+        rows = np.asarray(self.slots.take(len(repeat)), dtype=np.int64)
+        try:
+            self.decoder.write_cross(rows, [c[repeat] for c in encoded.cross])
+        except BaseException:
+            self.slots.give_back(rows)
+            raise
+        self.lengths[rows] = 0
+        self.cross_lengths[rows] = np.maximum(encoded.mask.sum(axis=1)[repeat], 1)
+        return np.split(rows, np.cumsum(rows_per_request)[:-1])
+
+    def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        if int(positions.max(initial=0)) >= self.decoder.capacity:
+            raise ValueError(
+                f"position {int(positions.max())} is past the cache's {self.decoder.capacity}"
+            )
+        self._fit("past", int(positions.max(initial=0)) + 1, grow_only=True)
+        batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
+        ids = np.full(batch, self.pad_id, dtype=np.int64)
+        ids[rows] = input_ids
+        lengths = np.zeros(batch, dtype=np.int64)
+        lengths[rows] = positions
+        logits = self.decoder.step(ids, lengths, self.cross_lengths[:batch])
+        self.lengths[rows] = positions + 1
+        return logits[rows]
+
+    def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
+        if np.array_equal(rows, sources):
+            return
+        self.decoder.copy_rows(rows, sources)
+        self.lengths[rows] = self.lengths[sources]
+
+    def release(self, rows: np.ndarray) -> None:
+        self.slots.give_back(rows)
+        self.lengths[rows] = 0
+        self.cross_lengths[rows] = 1
+        used = self._used()
+        self._fit("past", int(self.lengths[used].max(initial=0)) + 1)
+        self._fit("cross", int(self.cross_lengths[used].max(initial=1)))
+
+    def _used(self) -> np.ndarray:
+        """The rows in use, as indices (the leading ``highest_used + 1`` hold every one)."""
+        end = self.slots.highest_used() + 1
+        return np.flatnonzero(self.lengths[:end] >= 0)[:end] if end else np.zeros(0, np.int64)
+
+    def _fit(self, which: str, needed: int, grow_only: bool = False) -> None:
+        """Re-lay out the ``past`` or ``cross`` cache at the width ``needed`` positions take."""
+        decoder = self.decoder
+        current = decoder.past_width if which == "past" else decoder.source_width
+        maximum = decoder.capacity if which == "past" else decoder.source_capacity
+        width = width_bucket(needed, maximum)
+        if width == current or (grow_only and width < current):
+            return
+        decoder.resize(which, width, self.slots.highest_used() + 1)
+        self.relayouts += 1

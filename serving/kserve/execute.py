@@ -1,0 +1,145 @@
+"""Running a checked request: generation or classification of every element, one response."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from serving.engine.requests import GenerationRequest
+from serving.kserve.parameters import decoding_options
+from serving.kserve.request import Call, each, element_pixels, target_languages, utf8
+from serving.kserve.tensors import BYTES, output_tensor
+from serving.proto_gen.inference import grpc_service_pb2 as pb
+from serving.served import Generated, LabelScore, ServedClassifier, ServedGenerator
+
+T = TypeVar("T")
+ALL_CLASSES = 1 << 30  # top_k that makes ServedClassifier.classify return every class
+TEXT_OUTPUT = {"translation": "translation", "captioning": "caption"}
+Outputs = dict[str, tuple[str, Any]]  # output name -> (datatype, values)
+
+
+def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationRequest]:
+    """One validated generation request per element (nothing is queued yet)."""
+    options = decoding_options(call.request.parameters)
+    model.options(options)  # once, so an option error does not name an element
+    if model.config.task == "translation":
+        texts = utf8(call.inputs["text"])
+        languages = target_languages(call, model.config.languages)
+        return each(
+            call,
+            lambda i: model.request(
+                options,
+                source_ids=model.source_ids(texts[i], languages[i]),
+                timeout_s=call.timeout_s,
+            ),
+        )
+    pixels = element_pixels(call)
+    return [model.request(options, pixels=p, timeout_s=call.timeout_s) for p in pixels]
+
+
+async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], None]) -> list[T]:
+    """Await all concurrently; on the first failure (or cancellation) cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        on_error()
+        raise
+
+
+def _token_matrix(sequences: list[list[int]]) -> np.ndarray:
+    width = max((len(s) for s in sequences), default=0)
+    matrix = np.full((len(sequences), width), -1, dtype=np.int32)
+    for row, ids in enumerate(sequences):
+        matrix[row, : len(ids)] = ids
+    return matrix
+
+
+async def generate(call: Call, model: ServedGenerator) -> Outputs:
+    """Run every element of a translation / captioning request to the end."""
+    jobs = generation_jobs(call, model)
+
+    def cancel_jobs() -> None:
+        for job in jobs:
+            job.cancel()
+
+    results: list[Generated] = await _gather((model.generate(j) for j in jobs), cancel_jobs)
+    return {
+        TEXT_OUTPUT[model.config.task]: (BYTES, [r.text.encode() for r in results]),
+        "token_ids": ("INT32", _token_matrix([r.token_ids for r in results])),
+    }
+
+
+async def classify(call: Call, model: ServedClassifier) -> Outputs:
+    """Every element through the model's dynamic batcher; full probabilities and top-1 label."""
+    pixels = element_pixels(call)
+    scores: list[list[LabelScore]] = await _gather(
+        (model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s) for p in pixels), lambda: None
+    )
+    classes = max(len(s) for s in scores)
+    probabilities = np.zeros((call.batch, classes), dtype=np.float32)
+    for row, labels in enumerate(scores):
+        for score in labels:
+            probabilities[row, score.index] = score.score
+    return {
+        "probabilities": ("FP32", probabilities),
+        "label": (BYTES, [labels[0].label.encode() for labels in scores]),
+    }
+
+
+def _classification(values: np.ndarray, top_k: int, labels: tuple[str, ...]) -> np.ndarray:
+    """Triton's classification output: "score:index[:label]" strings of the top k per row."""
+    rows = np.asarray(values).reshape(values.shape[0], -1)
+    k = min(top_k, rows.shape[1])
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        for c, index in enumerate(np.argsort(-row, kind="stable")[:k]):
+            text = f"{float(row[index]):f}:{int(index)}"
+            if index < len(labels):
+                text += f":{labels[index]}"
+            out[r, c] = text.encode()
+    return out
+
+
+def parameter(value: bool | int | str) -> pb.InferParameter:
+    """A response parameter holding ``value`` in the field of its type."""
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    return pb.InferParameter(string_param=value)
+
+
+def build_response(
+    call: Call, outputs: Outputs, parameters: dict[str, bool | int | str] | None = None
+) -> pb.ModelInferResponse:
+    """The response holding the requested outputs (raw contents), in the requested order."""
+    model = call.model
+    labels = model.config.labels if isinstance(model, ServedClassifier) else ()
+    response = pb.ModelInferResponse(
+        model_name=model.name, model_version=str(model.version), id=call.request.id
+    )
+    for wanted in call.wanted:
+        datatype, values = outputs[wanted.name]
+        if wanted.classification:
+            datatype = BYTES
+            values = _classification(values, wanted.classification, labels)
+        header, raw = output_tensor(wanted.name, datatype, values)
+        response.outputs.append(header)
+        response.raw_output_contents.append(raw)
+    for key, value in (parameters or {}).items():
+        response.parameters[key].CopyFrom(parameter(value))
+    return response
+
+
+async def infer(call: Call) -> pb.ModelInferResponse:
+    """Run a whole request and build its single response."""
+    model = call.model
+    if isinstance(model, ServedClassifier):
+        return build_response(call, await classify(call, model))
+    return build_response(call, await generate(call, model))

@@ -1,0 +1,160 @@
+"""The engine process's side of the socket: frontends' requests run on this process's models.
+
+Every generation becomes a ``GenerationRequest`` on the model's in-flight engine, every image a
+submission to the classifier's dynamic batcher, exactly as in a single-process server. The
+events a loop turn produces for one frontend leave as one message (the decode loop already wakes
+this loop once per step), so the messaging cost per step does not grow with the streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from serving.engine.requests import ErrorEvent, GenerationRequest
+from serving.errors import Internal, InvalidArgument, ServingError
+from serving.multiprocess.protocol import (
+    ProtocolError,
+    decode,
+    encode,
+    event_item,
+    options_from,
+)
+from serving.repository import ModelRepository
+from serving.served import ServedClassifier, ServedGenerator
+
+log = logging.getLogger(__name__)
+
+Key = tuple[bytes, int]  # (frontend identity, request id)
+
+
+class EngineServer:
+    """Serves frontends' requests on ``repository`` through a ZeroMQ ROUTER at ``address``."""
+
+    def __init__(self, repository: ModelRepository, address: str) -> None:
+        self.repository = repository
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+        self._generations: dict[Key, GenerationRequest] = {}
+        self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._outgoing: dict[bytes, tuple[list[Any], list[np.ndarray]]] = defaultdict(
+            lambda: ([], [])
+        )
+        self._flush_scheduled = False
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Take requests until ``stop`` is set."""
+        receiving = asyncio.ensure_future(self._socket.recv_multipart(copy=False))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if stopping.done():
+                    return
+                self._dispatch(receiving.result())
+                receiving = asyncio.ensure_future(self._socket.recv_multipart(copy=False))
+        finally:
+            receiving.cancel()
+            stopping.cancel()
+
+    async def close(self) -> None:
+        """Cancel what still runs and close the socket."""
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._socket.close(0)
+        self._context.term()
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        frontend, body = bytes(frames[0].buffer), [frame.buffer for frame in frames[1:]]
+        try:
+            header, arrays = decode(body)
+            key: Key = (frontend, int(header["id"]))
+        except (ProtocolError, KeyError, TypeError, ValueError):
+            log.exception("malformed message from a frontend; dropped")
+            return
+        kind = header["t"]
+        if kind == "cancel":
+            self._cancel(key)
+        elif kind in ("generate", "classify") and len(arrays) == 1:
+            work = self._generate if kind == "generate" else self._classify
+            task = asyncio.create_task(work(key, header, np.array(arrays[0])))  # owns its memory
+            self._tasks[key] = task
+            task.add_done_callback(lambda _, k=key: self._tasks.pop(k, None))
+        else:
+            log.error("unknown message %r from a frontend; dropped", kind)
+
+    def _cancel(self, key: Key) -> None:
+        request = self._generations.get(key)
+        if request is not None:
+            request.cancel()  # the decode loop frees its rows before the next step
+        elif (task := self._tasks.get(key)) is not None:
+            task.cancel()  # a classification still waiting in the batcher
+
+    async def _generate(self, key: Key, header: dict[str, Any], source: np.ndarray) -> None:
+        try:
+            model = self.repository.get(str(header["model"]))
+            if not isinstance(model, ServedGenerator):
+                raise InvalidArgument(f"model {model.name!r} does not generate text")
+            request = GenerationRequest(
+                options=options_from(header["options"]),
+                source_ids=source if header["input"] == "source_ids" else None,
+                pixels=source if header["input"] == "pixels" else None,
+                deadline=header["deadline"],
+                arrival=header["arrival"],
+            )
+            self._generations[key] = request
+            async for chunk in model.engine.generate_chunks(request):
+                for event in chunk:
+                    self._post(key, event_item(key[1], event))
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
+        finally:
+            self._generations.pop(key, None)
+
+    async def _classify(self, key: Key, header: dict[str, Any], pixels: np.ndarray) -> None:
+        try:
+            model = self.repository.get(str(header["model"]))
+            if not isinstance(model, ServedClassifier):
+                raise InvalidArgument(f"model {model.name!r} is not a classifier")
+            probabilities = await model.batcher.submit(pixels, timeout_s=header["timeout"])
+            self._post(key, [key[1], "result", None], probabilities)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
+
+    def _post(self, key: Key, item: list[Any], array: np.ndarray | None = None) -> None:
+        """Queue an event for the frontend; one message per frontend per loop turn."""
+        items, arrays = self._outgoing[key[0]]
+        if array is not None:
+            item[2] = len(arrays)
+            arrays.append(array)
+        items.append(item)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        outgoing, self._outgoing = self._outgoing, defaultdict(lambda: ([], []))
+        for frontend, (items, arrays) in outgoing.items():
+            frames = [frontend, *encode({"t": "events", "items": items}, arrays)]
+            self._socket.send_multipart(frames, copy=False)
+
+
+def _serving_error(err: Exception) -> ServingError:
+    if isinstance(err, ServingError):
+        return err
+    log.exception("internal error in the engine process", exc_info=err)
+    return Internal(f"internal error: {type(err).__name__}: {err}")

@@ -1,0 +1,121 @@
+"""What the engine process and each frontend process run (started by ``supervisor``).
+
+- The engine process loads the repository (graphs, in-flight engines, dynamic batchers) and
+  serves the frontends' requests on it (``EngineServer``).
+- A frontend process loads only configs and tokenizers, and runs the very grpc.aio server of the
+  single-process mode (both APIs, health, reflection, TLS, tokens, limits, every input check and
+  preprocessing step) with models whose engines and batchers are handles on the engine process.
+
+Both report ``("ready", info)`` or ``("error", message)`` on their pipe, ignore SIGINT (the
+supervisor owns shutdown) and stop on SIGTERM: a frontend drains like a single-process server,
+the engine stops once the frontends are gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from contract.model_config import ClassifierConfig, ModelConfig
+from serving.metrics import ServingMetrics
+from serving.multiprocess.engine_server import EngineServer
+from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
+from serving.repository import ModelFactory, ModelRepository, RepositoryError
+from serving.served import ServedClassifier, ServedGenerator, ServedModel
+from serving.server import create_server
+from serving.server_config import ServerConfig
+
+log = logging.getLogger(__name__)
+LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
+
+
+def _setup(config: ServerConfig) -> None:
+    logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    return stop
+
+
+# --- the engine process -------------------------------------------------------------------------
+
+
+def engine_main(config: ServerConfig, address: str, ready: Connection) -> None:
+    """Entry point of the engine process."""
+    _setup(config)
+    asyncio.run(_engine(config, address, ready))
+
+
+async def _engine(config: ServerConfig, address: str, ready: Connection) -> None:
+    try:
+        repository = ModelRepository.load(config.repository, ServingMetrics(), config.models)
+    except RepositoryError as err:
+        ready.send(("error", str(err)))
+        raise SystemExit(1) from err
+    await repository.start()
+    server = EngineServer(repository, address)
+    stop = _stop_event()
+    ready.send(("ready", [model.name for model in repository.models()]))
+    await server.serve(stop)
+    await server.close()
+    await repository.stop(config.grace_period_s)
+
+
+# --- a frontend process -------------------------------------------------------------------------
+
+
+def frontend_main(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
+    """Entry point of a frontend process."""
+    _setup(config)
+    asyncio.run(_frontend(config, address, engine_pid, ready))
+
+
+def remote_models(client: EngineClient) -> ModelFactory:
+    """Served models whose engines and batchers run in the engine process behind ``client``."""
+
+    def make(config: ModelConfig, version_dir: Path) -> ServedModel:
+        if isinstance(config, ClassifierConfig):
+            return ServedClassifier(
+                config, version_dir, None, batcher=RemoteBatcher(client, config.name)
+            )
+        engine = RemoteEngine(client, config.name, config.batching.decode_rows)
+        return ServedGenerator(config, version_dir, None, engine=engine)
+
+    return make
+
+
+async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
+    metrics = ServingMetrics()
+    client = EngineClient(address, engine_pid)
+    await client.start()
+    try:
+        repository = ModelRepository.load(
+            config.repository, metrics, config.models, factory=remote_models(client)
+        )
+        own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
+        running = await create_server(own, repository, metrics, reuse_port=True)
+    except (RepositoryError, OSError, ValueError) as err:
+        ready.send(("error", str(err)))
+        await client.close()
+        raise SystemExit(1) from err
+    stop = _stop_event()
+    watch = asyncio.create_task(_report_engine_loss(client, running.set_serving))
+    ready.send(("ready", running.port))
+    await stop.wait()
+    watch.cancel()
+    await running.stop(config.grace_period_s)
+    await client.close()
+
+
+async def _report_engine_loss(client: EngineClient, set_serving) -> None:  # type: ignore[no-untyped-def]
+    """Health turns NOT_SERVING the moment the engine process is gone."""
+    while client.alive:
+        await asyncio.sleep(0.1)
+    await set_serving(False)

@@ -1,0 +1,164 @@
+"""The messages between frontend processes and the engine process, on the wire.
+
+A message is a ZeroMQ multipart message: one msgpack header frame, then one raw frame per array
+(its bytes as they lie in memory; dtype and shape travel in the header). Nothing is pickled.
+
+Frontend -> engine (DEALER -> ROUTER; the engine sees the frontend's identity first):
+
+- ``generate``: ``{"t": "generate", "id", "model", "options": {...}, "deadline", "arrival",
+  "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame;
+- ``classify``: ``{"t": "classify", "id", "model", "timeout", "arrays": [spec]}`` + the pixels;
+- ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
+
+Engine -> frontend: ``{"t": "events", "items": [[id, kind, payload], ...], "arrays": [...]}`` +
+array frames, every event of one engine loop turn for that frontend in one message. Kinds:
+``token`` ([token_id, index]), ``finish`` (FinishEvent fields), ``error`` ([status name,
+message]), ``result`` (index of the array frame holding a classifier's probabilities).
+
+Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from serving.engine.requests import ErrorEvent, Event, FinishEvent, TokenEvent
+from serving.errors import (
+    Cancelled,
+    DeadlineExceeded,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    ResourceExhausted,
+    ServingError,
+    Unauthenticated,
+    Unavailable,
+)
+from serving.generation.options import DecodingOptions
+
+ERRORS: dict[str, type[ServingError]] = {
+    cls.code.name: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        ResourceExhausted,
+        OutOfRange,
+        DeadlineExceeded,
+        Cancelled,
+        Unavailable,
+        Unauthenticated,
+        Internal,
+    )
+}
+MAX_ARRAY_DIMS = 8
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this module's format (a bug or a foreign peer)."""
+
+
+def array_spec(array: np.ndarray) -> dict[str, Any]:
+    return {"dtype": array.dtype.str, "shape": list(array.shape)}
+
+
+def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[bytes | memoryview]:
+    """The frames of a message: the header (with the arrays' specs) and each array's bytes."""
+    # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
+    contiguous = [np.require(a, requirements="C") for a in arrays]
+    frames: list[bytes | memoryview] = [
+        msgpack.packb({**header, "arrays": [array_spec(a) for a in contiguous]})
+    ]
+    frames += [memoryview(a.reshape(-1)).cast("B") for a in contiguous]
+    return frames
+
+
+def decode(frames: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """Header and arrays of a message (arrays are read-only views of the frames).
+
+    Raises:
+        ProtocolError: a header that is not a msgpack map with a type, or array frames that do
+            not match their specs.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    try:
+        header = msgpack.unpackb(bytes(frames[0]), strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
+        raise ProtocolError(f"header is not msgpack: {err}") from err
+    if not isinstance(header, dict) or not isinstance(header.get("t"), str):
+        raise ProtocolError("header must be a map with a string 't'")
+    specs = header.get("arrays", [])
+    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
+        raise ProtocolError(f"{len(frames) - 1} array frames for {specs!r}")
+    return header, [_array(spec, frame) for spec, frame in zip(specs, frames[1:], strict=True)]
+
+
+def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
+    try:
+        dtype = np.dtype(spec["dtype"])
+        shape = tuple(int(n) for n in spec["shape"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ProtocolError(f"bad array spec {spec!r}") from err
+    if dtype.hasobject or len(shape) > MAX_ARRAY_DIMS or any(n < 0 for n in shape):
+        raise ProtocolError(f"unsupported array spec {spec!r}")
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(memoryview(frame)):
+        raise ProtocolError(f"{len(memoryview(frame))} bytes do not hold {spec!r}")
+    return np.frombuffer(frame, dtype=dtype).reshape(shape)
+
+
+# --- the pieces of a header ---------------------------------------------------------------------
+
+
+def options_payload(options: DecodingOptions) -> dict[str, Any]:
+    return dataclasses.asdict(options)
+
+
+def options_from(payload: Any) -> DecodingOptions:
+    """Decoding options of a ``generate`` header.
+
+    Raises:
+        ProtocolError: unknown fields or wrong types.
+    """
+    try:
+        return DecodingOptions(**payload)
+    except TypeError as err:
+        raise ProtocolError(f"bad decoding options {payload!r}: {err}") from err
+
+
+def event_item(request_id: int, event: Event) -> list[Any]:
+    """One ``[id, kind, payload]`` item of an ``events`` message."""
+    if isinstance(event, TokenEvent):
+        return [request_id, "token", [event.token_id, event.index]]
+    if isinstance(event, FinishEvent):
+        return [request_id, "finish", dataclasses.asdict(event)]
+    error = event.error
+    code = error.code.name if isinstance(error, ServingError) else "INTERNAL"
+    return [request_id, "error", [code, str(error)]]
+
+
+def event_from(kind: str, payload: Any) -> Event:
+    """The engine event an ``events`` item carries (not ``result`` items).
+
+    Raises:
+        ProtocolError: an unknown kind or a payload of the wrong shape.
+    """
+    try:
+        if kind == "token":
+            token, index = payload
+            return TokenEvent(int(token), int(index))
+        if kind == "finish":
+            finish = FinishEvent(**payload)
+            finish.alternatives = [(list(ids), float(score)) for ids, score in finish.alternatives]
+            return finish
+        if kind == "error":
+            code, message = payload
+            return ErrorEvent(ERRORS.get(code, Internal)(str(message)))
+    except (TypeError, ValueError) as err:
+        raise ProtocolError(f"bad {kind!r} payload {payload!r}: {err}") from err
+    raise ProtocolError(f"unknown event kind {kind!r}")

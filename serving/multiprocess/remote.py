@@ -1,0 +1,226 @@
+"""A frontend process's handle on the engine process: one socket, and per model an engine or a
+batcher with the interface the served models use in-process (``GenerationEngine``,
+``Batcher``), so every servicer, input check and response path is the same code in both modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
+from serving.errors import Unavailable
+from serving.multiprocess.protocol import (
+    ProtocolError,
+    decode,
+    encode,
+    event_from,
+    options_payload,
+)
+
+log = logging.getLogger(__name__)
+
+ENGINE_CHECK_S = 0.2  # how often a frontend checks that the engine process lives
+ENGINE_GONE = "the engine process stopped; retry on another replica"
+Item = tuple[str, Any]  # (kind, payload) of one event from the engine
+
+
+class EngineClient:
+    """The frontend's socket to the engine: requests out, their events routed to each caller.
+
+    Args:
+        address: the engine's ZeroMQ address (``ipc://...``).
+        engine_pid: the engine process; when it dies every waiting caller gets UNAVAILABLE.
+    """
+
+    def __init__(self, address: str, engine_pid: int | None = None) -> None:
+        self.address = address
+        self.engine_pid = engine_pid
+        self.alive = True
+        self._context = zmq.asyncio.Context()
+        self._socket = self._context.socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Queue[Item]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._socket.connect(self.address)
+        self._tasks = [asyncio.create_task(self._receive(), name="engine-receive")]
+        if self.engine_pid is not None:
+            self._tasks.append(asyncio.create_task(self._watch(), name="engine-watch"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._socket.close(0)
+        self._context.term()
+
+    def open(self) -> tuple[int, asyncio.Queue[Item]]:
+        """A new request id and the queue its events arrive in.
+
+        Raises:
+            Unavailable: the engine process is gone.
+        """
+        if not self.alive:
+            raise Unavailable(ENGINE_GONE)
+        request_id = next(self._ids)
+        self._waiting[request_id] = asyncio.Queue()
+        return request_id, self._waiting[request_id]
+
+    def forget(self, request_id: int) -> None:
+        self._waiting.pop(request_id, None)
+
+    def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
+        self._socket.send_multipart(encode(header, arrays), copy=False)
+
+    async def _receive(self) -> None:
+        while True:
+            frames = await self._socket.recv_multipart(copy=False)
+            try:
+                header, arrays = decode([frame.buffer for frame in frames])
+                self._route(header, arrays)
+            except ProtocolError:
+                log.exception("malformed message from the engine process; dropped")
+
+    def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        for request_id, kind, payload in header.get("items", []):
+            queue = self._waiting.get(request_id)
+            if queue is None:  # the caller went away; its cancel is on its way
+                continue
+            queue.put_nowait((kind, arrays[payload] if kind == "result" else payload))
+
+    async def _watch(self) -> None:
+        assert self.engine_pid is not None
+        while _alive(self.engine_pid):
+            await asyncio.sleep(ENGINE_CHECK_S)
+        log.error("the engine process (pid %d) is gone; failing its requests", self.engine_pid)
+        self.alive = False
+        for queue in self._waiting.values():
+            queue.put_nowait(("error", ["UNAVAILABLE", ENGINE_GONE]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    try:  # a dead child of ours lingers as a zombie until reaped: ask /proc
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class RemoteEngine:
+    """``GenerationEngine`` of one model whose decode loop runs in the engine process."""
+
+    def __init__(self, client: EngineClient, model: str, max_rows: int) -> None:
+        self.client = client
+        self.model = model
+        self._max_rows = max_rows
+
+    @property
+    def running(self) -> bool:
+        return self.client.alive
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows
+
+    def start(self) -> None:
+        """The engine process starts its own loop."""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """The engine process stops its own loop."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        async for chunk in self.generate_chunks(request):
+            for event in chunk:
+                yield event
+
+    async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]:
+        """Send ``request`` to the engine process and yield its events as they arrive (all that
+        arrived together as one chunk); cancelled in the engine when the caller stops early."""
+        request_id, queue = self.client.open()
+        source = request.source_ids if request.source_ids is not None else request.pixels
+        self.client.send(
+            {
+                "t": "generate",
+                "id": request_id,
+                "model": self.model,
+                "options": options_payload(request.options),
+                "deadline": request.deadline,
+                "arrival": request.arrival,
+                "input": "source_ids" if request.source_ids is not None else "pixels",
+            },
+            [np.asarray(source)],
+        )
+        done = False
+        try:
+            while not done:
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                chunk = [event_from(kind, payload) for kind, payload in items]
+                done = isinstance(chunk[-1], FinishEvent | ErrorEvent)
+                yield chunk
+        finally:
+            self.client.forget(request_id)
+            if not done and self.client.alive:
+                self.client.send({"t": "cancel", "id": request_id})
+
+
+class RemoteBatcher:
+    """``Batcher`` of one classifier whose dynamic batcher runs in the engine process."""
+
+    def __init__(self, client: EngineClient, model: str) -> None:
+        self.client = client
+        self.model = model
+
+    @property
+    def running(self) -> bool:
+        return self.client.alive
+
+    async def start(self) -> None:
+        """The engine process starts its own batcher."""
+
+    async def stop(self, drain: bool = True) -> None:
+        """The engine process stops its own batcher."""
+
+    async def submit(self, item: np.ndarray, *, timeout_s: float | None = None) -> np.ndarray:
+        """The class probabilities of one image, batched in the engine process.
+
+        Raises:
+            ServingError: what the engine's batcher raised (queue full, deadline, ...).
+        """
+        request_id, queue = self.client.open()
+        header = {"t": "classify", "id": request_id, "model": self.model, "timeout": timeout_s}
+        self.client.send(header, [item])
+        answered = False
+        try:
+            kind, payload = await queue.get()
+            answered = True
+        finally:
+            self.client.forget(request_id)
+            if not answered and self.client.alive:
+                self.client.send({"t": "cancel", "id": request_id})
+        if kind == "result":
+            return np.array(payload)  # a copy: the frame's memory belongs to the message
+        event = event_from(kind, payload)
+        assert isinstance(event, ErrorEvent), event
+        raise event.error

@@ -1,0 +1,302 @@
+"""A served encoder-decoder model (translator, captioner): inputs, the in-flight engine, results.
+
+Plain Python types in and out (no protobuf): both gRPC services call this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES
+from contract.model_config import GeneratorConfig
+from contract.repository import read_manifest
+from contract.text import load_text_tokenizer
+from serving.backends.base import Backend
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.inflight import InFlightEngine
+from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.requests import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    TokenEvent,
+)
+from serving.errors import InvalidArgument, ResourceExhausted
+from serving.generation.detokenizer import IncrementalDetokenizer
+from serving.generation.options import DecodingOptions
+from serving.metrics import ServingMetrics
+from serving.seq2seq import Seq2SeqRunner
+from serving.served.inputs import ImageSource, TextSource, float_dtype
+
+
+@dataclass
+class Generated:
+    """A finished generation, decoded."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # stop | length
+    score: float | None = None
+    alternatives: list[tuple[str, list[int], float]] = field(default_factory=list)
+    input_tokens: int = 0
+    queue_seconds: float = 0.0
+    total_seconds: float = 0.0
+    first_token_seconds: float | None = None
+
+
+@dataclass
+class StreamDelta:
+    """A piece of streamed text: the new characters and the tokens that produced them."""
+
+    delta: str
+    token_ids: list[int]
+    index: int
+
+
+def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache | None:
+    """The fixed-capacity cache written in place, when the backend loaded the in-place graphs.
+
+    Rows: the decode batch's capacity; positions: the most tokens a sequence feeds the decoder
+    (``limits.max_new_tokens``, bounded by the position table); source positions:
+    ``limits.max_source_length``.
+    """
+    if not isinstance(backend, OnnxRuntimeBackend) or DECODER_INPLACE not in backend.graphs():
+        return None
+    limits, rows = config.limits, config.batching.decode_rows
+    decoder = InPlaceDecoder(
+        {graph: backend.session(graph) for graph in INPLACE_GRAPH_FILES},
+        config.decoder,
+        rows=rows,
+        capacity=min(limits.max_new_tokens, config.decoder.max_positions - 1),
+        source_capacity=limits.max_source_length,
+    )
+    return InPlaceKVCache(decoder, config.decoder.pad_id)
+
+
+def local_engine(
+    config: GeneratorConfig, backend: Backend | None, metrics: ServingMetrics | None
+) -> InFlightEngine:
+    """The in-process engine over ``backend`` (in-place KV cache when the graphs allow)."""
+    if backend is None:
+        raise ValueError(f"model {config.name!r}: a local engine needs the backend")
+    return InFlightEngine(
+        config.name,
+        Seq2SeqRunner(backend, config.decoder),
+        config.decoder,
+        config.limits.max_new_tokens,
+        config.batching,
+        metrics,
+        cache=inplace_cache(backend, config),
+    )
+
+
+class GenerationEngine(Protocol):
+    """What a served generator needs from its engine: the in-process ``InFlightEngine``, or a
+    frontend's handle on the engine process (``serving.multiprocess.remote.RemoteEngine``)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def max_rows(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Event]: ...
+
+    def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]: ...
+
+
+class ServedGenerator:
+    """One loaded seq2seq entry: its tokenizer, input checks and in-flight engine.
+
+    Args:
+        config: the entry's config.yaml.
+        version_dir: REPOSITORY/NAME/VERSION.
+        backend: the graphs; the engine is built on them (None with ``engine``).
+        metrics: where the engine records.
+        engine: an engine that runs elsewhere (a frontend process's handle on the engine).
+    """
+
+    def __init__(
+        self,
+        config: GeneratorConfig,
+        version_dir: Path,
+        backend: Backend | None,
+        metrics: ServingMetrics | None = None,
+        *,
+        engine: GenerationEngine | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = int(version_dir.name)
+        self.version_dir = version_dir
+        self.backend = backend
+        self.manifest = read_manifest(version_dir)
+        self.float_dtype = float_dtype(config.precision)
+        self.tokenizer = load_text_tokenizer(version_dir, config.tokenizer)
+        limits = config.limits
+        self.text = (
+            TextSource(
+                self.name,
+                self.tokenizer,
+                config.languages,
+                limits.max_source_length,
+                config.tokenizer,
+            )
+            if config.input == "text"
+            else None
+        )
+        self.images = (
+            ImageSource(self.name, config.image, limits.max_image_bytes, self.float_dtype)
+            if config.image is not None and config.input == "image"
+            else None
+        )
+        self.engine: GenerationEngine = engine or local_engine(config, backend, metrics)
+        local = isinstance(self.engine, InFlightEngine)
+        inplace = local and isinstance(self.engine.cache, InPlaceKVCache)  # type: ignore[attr-defined]
+        self.kv_cache = ("inplace" if inplace else "growing") if local else "remote"
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        await asyncio.to_thread(self.engine.stop, grace)
+
+    @property
+    def ready(self) -> bool:
+        """The decode loop runs (what readiness probes report)."""
+        return self.engine.running
+
+    # --- inputs ---------------------------------------------------------------------------------
+    def source_ids(self, text: str, language: str) -> np.ndarray:
+        """Token ids of a tagged source text (see ``TextSource.ids``).
+
+        Raises:
+            InvalidArgument: not a text model, empty text, unknown target language.
+            ResourceExhausted: the text is longer than the model's source limit.
+        """
+        if self.text is None:
+            raise InvalidArgument(f"model {self.name!r} does {self.config.task}, not translation")
+        return self.text.ids(text, language)
+
+    def image_pixels(self, data: bytes) -> np.ndarray:
+        """Pixels (3, H, W) of an encoded image (see ``ImageSource.pixels``).
+
+        Raises:
+            InvalidArgument: not an image model; empty or undecodable data.
+            ResourceExhausted: the encoded image exceeds ``limits.max_image_bytes``.
+        """
+        if self.images is None:
+            raise InvalidArgument(f"model {self.name!r} takes text, not images")
+        return self.images.pixels(data)
+
+    def options(self, options: DecodingOptions) -> DecodingOptions:
+        """Validate decoding options against this model's limits.
+
+        Raises:
+            InvalidArgument: a bad option.
+            ResourceExhausted: more beams than the decode batch has rows (such a request could
+                never be admitted: it would wait until its deadline).
+        """
+        checked = options.validate(self.config.limits.max_new_tokens)
+        rows = self.engine.max_rows
+        if checked.beam_size > rows:
+            raise ResourceExhausted(
+                f"beam_size {checked.beam_size} needs {checked.beam_size} decode rows; model "
+                f"{self.name!r} runs at most {rows} (batching.max_active_sequences): ask for "
+                f"beam_size 1..{rows}"
+            )
+        return checked
+
+    # --- generation -----------------------------------------------------------------------------
+    def request(
+        self,
+        options: DecodingOptions,
+        *,
+        source_ids: np.ndarray | None = None,
+        pixels: np.ndarray | None = None,
+        timeout_s: float | None = None,
+    ) -> GenerationRequest:
+        """A generation request with its deadline (the model's default timeout when none)."""
+        now = time.monotonic()
+        default = self.config.batching.timeout_ms / 1000 or None  # 0 = no deadline (Triton)
+        timeout = timeout_s if timeout_s is not None else default
+        return GenerationRequest(
+            options=self.options(options),
+            source_ids=source_ids,
+            pixels=pixels,
+            deadline=None if timeout is None else now + timeout,
+            arrival=now,
+        )
+
+    async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """The engine's events for ``request``; an ErrorEvent is raised as its error."""
+        async for event in self.engine.generate(request):
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            yield event
+
+    async def generate(self, request: GenerationRequest) -> Generated:
+        """Run a request to the end and decode it."""
+        first_token: float | None = None
+        final: FinishEvent | None = None
+        async for event in self.events(request):
+            if isinstance(event, TokenEvent) and first_token is None:
+                first_token = time.monotonic() - request.arrival
+            elif isinstance(event, FinishEvent):
+                final = event
+        assert final is not None  # the engine always ends a request with Finish or Error
+        return self._generated(final, request, first_token)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | Generated]:
+        """Text deltas as tokens arrive, then the final ``Generated``.
+
+        Tokens that arrived together (the caller fell behind the decode loop) go out as one
+        delta, so a slow stream costs fewer messages instead of falling further behind.
+        """
+        text = IncrementalDetokenizer(self.tokenizer)
+        first_token: float | None = None
+        async for chunk in self.engine.generate_chunks(request):
+            tokens = [e for e in chunk if isinstance(e, TokenEvent)]
+            if tokens:
+                if first_token is None:
+                    first_token = time.monotonic() - request.arrival
+                ids = [e.token_id for e in tokens]
+                yield StreamDelta(text.add(ids), ids, tokens[0].index)
+            final = chunk[-1]
+            if isinstance(final, ErrorEvent):
+                raise final.error
+            if isinstance(final, FinishEvent):
+                result = self._generated(final, request, first_token)
+                if rest := text.rest(result.text):
+                    yield StreamDelta(rest, [], len(final.tokens))
+                yield result
+
+    def _generated(
+        self, final: FinishEvent, request: GenerationRequest, first_token: float | None
+    ) -> Generated:
+        decode = self.tokenizer.decode
+        return Generated(
+            text=decode(final.tokens),
+            token_ids=list(final.tokens),
+            finish_reason=final.reason,
+            score=final.score,
+            alternatives=[(decode(ids), list(ids), score) for ids, score in final.alternatives],
+            input_tokens=final.input_tokens,
+            queue_seconds=final.queue_seconds,
+            total_seconds=time.monotonic() - request.arrival,
+            first_token_seconds=first_token,
+        )

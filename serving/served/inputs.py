@@ -1,0 +1,153 @@
+"""Request inputs checked and turned into what the graphs take: source token ids, pixels.
+
+Both APIs (attnserve.v1 and KServe v2) call these, so they reject bad input with the same status
+and message.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from contract.images import ImageDecodeError, decode_image, pixel_values
+from contract.model_config import ImageSpec, TokenizerSpec
+from contract.normalize import SourceNormalizer
+from contract.text import TextTokenizer
+from contract.tokenizer import TokenizerError
+from serving.errors import InvalidArgument, ResourceExhausted
+
+
+class TextSource:
+    """Source texts of a translation model: normalised, tagged with the target language,
+    tokenized, bounded.
+
+    Args:
+        model: the model's name (for messages).
+        tokenizer: the model's tokenizer.
+        languages: target languages ("de", ...); one must be chosen when there are several.
+        max_source_length: the most source tokens the model takes.
+        spec: the entry's tokenizer section: its normaliser and its language tag ("<2{}>", the
+            default, tags "<2de> ..." when there are languages; "" tags nothing).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: TextTokenizer,
+        languages: tuple[str, ...],
+        max_source_length: int,
+        spec: TokenizerSpec | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.languages = languages
+        self.max_source_length = max_source_length
+        spec = spec or TokenizerSpec()
+        self.normalize = SourceNormalizer(spec.normalizer)
+        self.language_tag = spec.language_tag
+
+    @functools.cached_property
+    def max_chars(self) -> int:
+        """Texts longer than this cannot fit ``max_source_length`` tokens, so they are refused
+        before tokenizing (megabytes of text would hold the event loop for seconds): no token
+        covers more characters than the longest vocabulary entry, and NFC normalisation shortens
+        a text at most about 3x (4x here, for margin)."""
+        longest = max(map(self._token_chars, range(self.tokenizer.vocab_size)), default=1)
+        return 4 * max(1, longest) * self.max_source_length
+
+    def _token_chars(self, token_id: int) -> int:
+        """Characters of a vocabulary entry; 0 for an id the vocabulary skips."""
+        try:
+            return len(self.tokenizer.id_to_token(token_id))
+        except TokenizerError:
+            return 0
+
+    def ids(self, text: str, language: str) -> np.ndarray:
+        """Token ids of a source text: normalised, tagged, tokenized.
+
+        A model with one target language takes an empty ``language`` as that one.
+
+        Args:
+            text: what the user sent.
+            language: the target language.
+
+        Returns:
+            int64 ids, ending as the model's sources end (EOS).
+
+        Raises:
+            InvalidArgument: empty text (before or after normalising), unknown target language.
+            ResourceExhausted: the text is longer than the model's source limit.
+        """
+        if not text or not text.strip():
+            raise InvalidArgument("text is empty; send the text to translate")
+        if len(self.languages) == 1 and not language:
+            language = self.languages[0]
+        if self.languages and language not in self.languages:
+            raise InvalidArgument(
+                f"target_language {language[:40]!r} is not supported by {self.model!r}; "
+                f"choose one of: {', '.join(self.languages)}"
+            )
+        if len(text) > self.max_chars:  # surely too long: refuse without tokenizing
+            raise self._too_long(f"{len(text)} characters")
+        text = self.normalize(text)
+        if not text:
+            raise InvalidArgument("text is empty once normalised; send the text to translate")
+        if self.languages and self.language_tag:
+            text = f"{self.language_tag.format(language)} {text}"
+        ids = self.tokenizer.encode(text)
+        if len(ids) > self.max_source_length:
+            raise self._too_long(f"{len(ids)} tokens")
+        return np.asarray(ids, dtype=np.int64)
+
+    def _too_long(self, size: str) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"the text is {size} long; model {self.model!r} accepts at most "
+            f"{self.max_source_length} source tokens: split it into shorter texts"
+        )
+
+
+class ImageSource:
+    """Encoded images of an image model: bounded, decoded, resized and normalised.
+
+    Args:
+        model: the model's name (for messages).
+        spec: the model's preprocessing (size, mean, std).
+        max_bytes: the largest encoded image accepted.
+        dtype: the graph's float type (float16 for fp16 exports).
+    """
+
+    def __init__(self, model: str, spec: ImageSpec, max_bytes: int, dtype: type) -> None:
+        self.model = model
+        self.spec = spec
+        self.max_bytes = max_bytes
+        self.dtype = dtype
+
+    def pixels(self, data: bytes) -> np.ndarray:
+        """Decoded, resized and normalised pixels (3, H, W) of an encoded image.
+
+        Raises:
+            InvalidArgument: empty or undecodable image data.
+            ResourceExhausted: the encoded image exceeds ``max_bytes``.
+        """
+        if not data:
+            raise InvalidArgument("image is empty; send PNG or JPEG bytes")
+        if len(data) > self.max_bytes:
+            raise ResourceExhausted(
+                f"the image is {len(data)} bytes; model {self.model!r} accepts at most "
+                f"{self.max_bytes}"
+            )
+        try:
+            image = decode_image(data, self.spec.size, self.spec.resample)
+        except ImageDecodeError as err:
+            raise InvalidArgument(str(err)) from err
+        return self.normalise(image)
+
+    def normalise(self, image: np.ndarray) -> np.ndarray:
+        """uint8 (H, W, 3) at the model's size -> (3, H, W) in the graph's float type."""
+        return pixel_values(image, self.spec.mean, self.spec.std)[0].astype(self.dtype)
+
+
+def float_dtype(precision: str) -> type:
+    """The float type of a model's graph inputs: float16 for fp16 exports, else float32."""
+    return np.float16 if precision == "fp16" else np.float32

@@ -1,0 +1,112 @@
+"""The frontend <-> engine messages: every event and array survives the wire; malformed frames
+are refused with ProtocolError, never another exception."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from serving.engine.requests import ErrorEvent, FinishEvent, TokenEvent
+from serving.errors import DeadlineExceeded, Internal, ResourceExhausted
+from serving.generation.options import DecodingOptions
+from serving.multiprocess.protocol import (
+    ProtocolError,
+    decode,
+    encode,
+    event_from,
+    event_item,
+    options_from,
+    options_payload,
+)
+
+DTYPES = st.sampled_from([np.int64, np.int32, np.float32, np.float16, np.float64, np.uint8])
+ARRAYS = DTYPES.flatmap(
+    lambda dtype: hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=4, max_side=5))
+)
+HEADERS = st.dictionaries(
+    st.text(max_size=8).filter(lambda k: k not in ("t", "arrays")),
+    st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), st.floats(allow_nan=False), st.text()),
+    max_size=5,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(header=HEADERS, arrays=st.lists(ARRAYS, max_size=4))
+def test_headers_and_arrays_round_trip(header: dict, arrays: list[np.ndarray]) -> None:
+    frames = [bytes(f) for f in encode({**header, "t": "x"}, arrays)]
+    got_header, got_arrays = decode(frames)
+    assert {k: v for k, v in got_header.items() if k != "arrays"} == {**header, "t": "x"}
+    assert len(got_arrays) == len(arrays)
+    for got, sent in zip(got_arrays, arrays, strict=True):
+        assert got.dtype == sent.dtype and got.shape == sent.shape
+        np.testing.assert_array_equal(got, sent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(frames=st.lists(st.binary(max_size=64), min_size=0, max_size=4))
+def test_random_frames_are_refused_cleanly(frames: list[bytes]) -> None:
+    try:
+        header, arrays = decode(frames)
+    except ProtocolError:
+        return
+    assert isinstance(header, dict) and isinstance(header["t"], str)
+    assert len(arrays) == len(frames) - 1
+
+
+@pytest.mark.parametrize(
+    ("header", "frames"),
+    [
+        ({"t": "x", "arrays": [{"dtype": "<f4", "shape": [2]}]}, [b"\0" * 7]),  # short
+        ({"t": "x", "arrays": [{"dtype": "|O", "shape": [1]}]}, [b"\0" * 8]),  # objects
+        ({"t": "x", "arrays": [{"dtype": "<f4", "shape": [-1]}]}, [b""]),
+        ({"t": "x", "arrays": [{"shape": [1]}]}, [b"\0" * 4]),
+        ({"t": "x", "arrays": []}, [b"\0"]),  # a frame without a spec
+        ({"t": 5}, []),
+    ],
+)
+def test_array_specs_that_do_not_fit_their_frames(header: dict, frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError):
+        decode([msgpack.packb(header), *frames])
+
+
+EVENTS = [
+    TokenEvent(17, 3),
+    FinishEvent("stop", [5, 6], score=-1.25, alternatives=[([5], -2.0)], input_tokens=4),
+    FinishEvent("length", [], queue_seconds=0.5),
+    ErrorEvent(ResourceExhausted("queue full: retry later")),
+    ErrorEvent(DeadlineExceeded("too slow")),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: type(e).__name__)
+def test_events_round_trip(event) -> None:
+    (header, _) = decode(
+        [bytes(f) for f in encode({"t": "events", "items": [event_item(9, event)]})]
+    )
+    ((request_id, kind, payload),) = header["items"]
+    got = event_from(kind, payload)
+    assert request_id == 9 and type(got) is type(event)
+    if isinstance(event, ErrorEvent):
+        assert type(got.error) is type(event.error) and str(got.error) == str(event.error)
+    else:
+        assert got == event
+
+
+def test_a_foreign_exception_travels_as_internal() -> None:
+    got = event_from(*event_item(1, ErrorEvent(RuntimeError("boom")))[1:])
+    assert isinstance(got, ErrorEvent) and isinstance(got.error, Internal)
+    with pytest.raises(ProtocolError):
+        event_from("nonsense", [])
+    with pytest.raises(ProtocolError):
+        event_from("token", "not a pair")
+
+
+def test_decoding_options_round_trip() -> None:
+    options = DecodingOptions(max_new_tokens=9, beam_size=3, top_p=0.5, seed=2**64 - 1)
+    assert options_from(msgpack.unpackb(msgpack.packb(options_payload(options)))) == options
+    with pytest.raises(ProtocolError):
+        options_from({"beams": 3})

@@ -1,0 +1,216 @@
+"""`attnserve serve --frontend-workers 2` for real: a supervisor, an engine process and two gRPC
+frontend processes on one port, driven by real clients over many connections.
+
+Asserted: the same answers as a single-process server for both APIs, unary and streaming;
+metrics added up over the processes on one /metrics; cancelled streams free the engine's rows;
+errors cross the process boundary with their status; a killed engine or frontend ends the
+server with exit code 1, no client left hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from benchmarks.server_process import ServeProcess
+from contract.images import encode_png
+from models.data import digits, shapes
+from serving.kserve.tensors import decode_outputs, input_tensor
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.proto_gen.inference import grpc_service_pb2 as kpb
+from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+from tests.reliability.harness import copy_repository, sample, scrape, wait_until
+
+TIMEOUT = 60
+TEXTS = [f"{n} three hundred and twelve" for n in range(6)]
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_repository: Path) -> Iterator[tuple[ServeProcess, ServeProcess]]:
+    single = ServeProcess(tiny_repository, "--metrics-port", "0").start()
+    multi = ServeProcess(tiny_repository, "--metrics-port", "0", "--frontend-workers", "2").start()
+    try:
+        yield single, multi
+    finally:
+        single.stop()
+        multi.stop()
+
+
+def answers(address: str) -> list[object]:
+    """Every kind of call, each over its own connection (so both frontends take some)."""
+    scene = encode_png(shapes.generate(1, seed=3, split="test")[0][0])
+    digit = encode_png(digits.load_digits_split("test")[0][0])
+    options = pb.DecodingOptions(max_new_tokens=8)
+    out: list[object] = []
+    for text in TEXTS:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.AttnServeStub(channel)
+            request = pb.TranslateRequest(texts=[text, "forty"], target_language="de")
+            out.append(
+                [list(t.token_ids) for t in stub.Translate(request, timeout=TIMEOUT).translations]
+            )
+            stream = pb.TranslateStreamRequest(text=text, target_language="fr", options=options)
+            # tokens ready together may share a message: compare the tokens, not the grouping
+            out.append(
+                [t for m in stub.TranslateStream(stream, timeout=TIMEOUT) for t in m.token_ids]
+            )
+            beam = pb.DecodingOptions(max_new_tokens=6, beam_size=3)
+            out.append(list(stub.Caption(pb.CaptionRequest(image=scene, options=beam)).token_ids))
+            labels = stub.Classify(pb.ClassifyRequest(image=digit, top_k=3), timeout=TIMEOUT)
+            out.append([(s.label, round(s.score, 5)) for s in labels.labels])
+            out.append(kserve_answers(channel, digit))
+    return out
+
+
+def kserve_answers(channel: grpc.Channel, digit: bytes) -> list[object]:
+    stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+    pixels = np.linspace(-1, 1, 3 * 32 * 32, dtype=np.float32).reshape(1, 3, 32, 32)
+    vit = kpb.ModelInferRequest(model_name="vit")
+    header, raw = input_tensor("pixel_values", "FP32", pixels)
+    vit.inputs.append(header)
+    vit.raw_input_contents.append(raw)
+    probabilities = decode_outputs(stub.ModelInfer(vit, timeout=TIMEOUT))["probabilities"]
+    text = kpb.ModelInferRequest(model_name="translator")
+    header, raw = input_tensor("text", "BYTES", [b"twelve", b"forty-two"])
+    text.inputs.append(header)
+    text.raw_input_contents.append(raw)
+    text.parameters["target_language"].string_param = "es"
+    translated = decode_outputs(stub.ModelInfer(text, timeout=TIMEOUT))["token_ids"]
+    return [np.round(probabilities, 5).tolist(), translated.tolist()]
+
+
+def test_two_frontends_answer_as_one_process(servers) -> None:
+    single, multi = servers
+    assert answers(multi.address) == answers(single.address)
+
+
+def test_metrics_add_up_over_the_processes(servers) -> None:
+    _, multi = servers
+    url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
+    before = sample(scrape(url), "attnserve_requests_total", model="vit", method="Classify")
+    digit = encode_png(digits.load_digits_split("test")[0][1])
+
+    def classify(_: int) -> None:
+        with grpc.insecure_channel(multi.address) as channel:  # a connection each
+            pb_grpc.AttnServeStub(channel).Classify(pb.ClassifyRequest(image=digit), timeout=30)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(classify, range(24)))
+    after = scrape(url)
+    assert sample(after, "attnserve_requests_total", model="vit", method="Classify") == before + 24
+    assert sample(after, "attnserve_batch_size_count", model="vit", stage="classifier") > 0
+
+
+def test_cancelled_streams_free_the_engine_rows(servers) -> None:
+    _, multi = servers
+    url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
+    long = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
+    channels = [grpc.insecure_channel(multi.address) for _ in range(6)]
+    try:
+        calls = [
+            pb_grpc.AttnServeStub(ch).TranslateStream(
+                pb.TranslateStreamRequest(text="ninety", target_language="de", options=long)
+            )
+            for ch in channels
+        ]
+        for call in calls:
+            next(call)  # decoding in the engine process
+        assert sample(scrape(url), "attnserve_active_sequences", model="translator") > 0
+        for call in calls:
+            call.cancel()
+        assert wait_until(
+            lambda: (
+                sample(scrape(url), "attnserve_active_sequences", model="translator") == 0
+                and sample(scrape(url), "attnserve_kv_cache_tokens", model="translator") == 0
+            ),
+            timeout=20,
+        )
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_errors_keep_their_status_across_processes(servers) -> None:
+    _, multi = servers
+    with grpc.insecure_channel(multi.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Translate(pb.TranslateRequest(texts=["x"], target_language="xx"), timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Triton's timeout parameter: the deadline lives in the engine process, not the client
+        kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
+        request = kpb.ModelInferRequest(model_name="translator")
+        header, raw = input_tensor("text", "BYTES", [b"ninety"])
+        request.inputs.append(header)
+        request.raw_input_contents.append(raw)
+        request.parameters["target_language"].string_param = "de"
+        request.parameters["min_new_tokens"].int64_param = 32
+        request.parameters["timeout"].int64_param = 1000  # microseconds
+        with pytest.raises(grpc.RpcError) as error:
+            kserve.ModelInfer(request, timeout=30)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline" in (error.value.details() or "")
+
+
+def child_pids(server: ServeProcess) -> tuple[int, list[int]]:
+    """(engine pid, frontend pids) from the supervisor's log."""
+    assert server.saw("frontend process pids", timeout=10)
+    line = next(line for line in server.output if "frontend process pids" in line)
+    match = re.search(r"engine process pid (\d+), frontend process pids ([\d ]+)", line)
+    assert match, line
+    return int(match.group(1)), [int(p) for p in match.group(2).split()]
+
+
+def stream_outcome(address: str) -> tuple[str, float]:
+    """A 48-token stream to its end: (status name, seconds it took)."""
+    started = time.monotonic()
+    long = pb.DecodingOptions(max_new_tokens=48, min_new_tokens=48)
+    request = pb.TranslateStreamRequest(text="ninety", target_language="de", options=long)
+    with grpc.insecure_channel(address) as channel:
+        try:
+            list(pb_grpc.AttnServeStub(channel).TranslateStream(request, timeout=60))
+            return "OK", time.monotonic() - started
+        except grpc.RpcError as err:
+            return err.code().name, time.monotonic() - started
+
+
+@pytest.mark.parametrize("victim", ["engine", "frontend"])
+def test_a_killed_child_ends_the_server_with_code_1(
+    shipped_repository: Path, tmp_path: Path, victim: str
+) -> None:
+    """The shipped translator with one decode row and 64 streams of 48 tokens: most wait in the
+    engine's queue when a child is killed; every stream ends at once (OK if it was done, else
+    UNAVAILABLE / CANCELLED), none hangs."""
+    repository = copy_repository(
+        shipped_repository,
+        tmp_path / "repo",
+        translator={"batching": {"max_active_sequences": 1}},
+    )
+    server = ServeProcess(repository, "--frontend-workers", "2", "--models", "translator", grace=3)
+    server.start()
+    try:
+        engine, frontends = child_pids(server)
+        with ThreadPoolExecutor(64) as pool:
+            streams = [pool.submit(stream_outcome, server.address) for _ in range(64)]
+            time.sleep(0.25)  # the first streams decode, most wait
+            os.kill(engine if victim == "engine" else frontends[0], signal.SIGKILL)
+            outcomes = [f.result(timeout=30) for f in streams]
+        codes = {code for code, _ in outcomes}
+        assert codes <= {"OK", "UNAVAILABLE", "CANCELLED"}, outcomes
+        assert codes - {"OK"}, outcomes  # the kill cut some short
+        assert max(seconds for _, seconds in outcomes) < 15, outcomes
+        code, output = server.wait(timeout=30)
+        assert code == 1
+        assert re.search(rf"attnserve-{victim}(-\d)? \(pid \d+\) exited with code -9", output)
+    finally:
+        server.stop()

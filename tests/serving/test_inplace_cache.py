@@ -1,0 +1,257 @@
+"""The fixed-capacity KV cache written in place: row policies, device buffers, same tokens as the
+growing cache, and the server's choice between the two decoders."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contract.graphs import DECODER_INPLACE_FILE, INPLACE_GRAPH_FILES, graph_files
+from contract.images import pixel_values
+from contract.repository import read_model_config, resolve_version, write_model_config
+from models.data import shapes
+from serving.backends.onnxruntime import OnnxRuntimeBackend
+from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.inflight import InFlightEngine
+from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.requests import FinishEvent, GenerationRequest
+from serving.engine.slots import RowSlots, SlotsExhausted, power_of_two_buckets, rows_to_compute
+from serving.generation.options import DecodingOptions
+from serving.repository import ModelRepository
+from serving.seq2seq import Seq2SeqRunner
+
+# --- row policies (pure) ------------------------------------------------------------------------
+
+
+def test_rows_are_taken_lowest_first_and_reused() -> None:
+    slots = RowSlots(6)
+    assert slots.take(3) == [0, 1, 2]
+    slots.give_back([1])
+    assert slots.take(2) == [1, 3]
+    assert slots.highest_used() == 3 and slots.used == 4 and slots.free == 2
+    with pytest.raises(SlotsExhausted):
+        slots.take(3)
+    with pytest.raises(ValueError, match="not in use"):
+        slots.give_back([5])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 4)), max_size=40))
+def test_row_bookkeeping_never_loses_or_duplicates_a_row(moves: list[tuple[bool, int]]) -> None:
+    slots, held = RowSlots(8), []
+    for take, count in moves:
+        if take and count <= slots.free:
+            rows = slots.take(count)
+            assert not set(rows) & set(held)
+            # the rows handed out are the lowest free ones
+            assert rows == sorted(set(range(8)) - set(held))[:count]
+            held += rows
+        elif not take and held:
+            back, held = held[:count], held[count:]
+            slots.give_back(back)
+        assert slots.used == len(held) and slots.highest_used() == max(held, default=-1)
+
+
+def test_rows_to_compute_covers_the_highest_row() -> None:
+    assert rows_to_compute(4, 64) == 5
+    buckets = power_of_two_buckets(48)
+    assert buckets == (1, 2, 4, 8, 16, 32, 48)
+    assert [rows_to_compute(r, 48, buckets) for r in (0, 1, 2, 7, 8, 40)] == [1, 2, 4, 8, 16, 48]
+
+
+# --- the in-place cache on real graphs ----------------------------------------------------------
+
+
+def load(entry: Path, rows: int = 8):
+    config = read_model_config(entry)
+    files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
+    backend = OnnxRuntimeBackend(resolve_version(entry), files)
+    runner = Seq2SeqRunner(backend, config.decoder)
+    sessions = {graph: backend.session(graph) for graph in INPLACE_GRAPH_FILES}
+    decoder = InPlaceDecoder(sessions, config.decoder, rows, 20, config.limits.max_source_length)
+    return config, runner, InPlaceKVCache(decoder, config.decoder.pad_id)
+
+
+def translator_jobs() -> list[tuple[np.ndarray, DecodingOptions]]:
+    mix = [
+        DecodingOptions(max_new_tokens=12),
+        DecodingOptions(max_new_tokens=9, beam_size=3, num_alternatives=2),
+        DecodingOptions(max_new_tokens=14, temperature=0.9, top_p=0.9, seed=5),
+        DecodingOptions(max_new_tokens=6, min_new_tokens=6),
+    ]
+    rng = np.random.default_rng(0)
+    return [(rng.integers(8, 150, 3 + i % 6).astype(np.int64), mix[i % 4]) for i in range(16)]
+
+
+def decode_all(config, runner, cache, requests: list[GenerationRequest]) -> list[FinishEvent]:
+    """Every request through a fresh engine, joining at staggered times."""
+    batching = dataclasses.replace(config.batching, max_active_sequences=8)
+    engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache)
+
+    async def one(request: GenerationRequest, delay: float) -> FinishEvent:
+        await asyncio.sleep(delay)
+        events = [e async for e in engine.generate(request)]
+        assert isinstance(events[-1], FinishEvent), events[-1]
+        return events[-1]
+
+    async def go() -> list[FinishEvent]:
+        engine.start()
+        try:
+            return list(await asyncio.gather(*(one(r, 0.002 * i) for i, r in enumerate(requests))))
+        finally:
+            engine.stop()
+
+    return asyncio.run(go())
+
+
+def test_translator_tokens_equal_the_growing_cache(tiny_repository: Path) -> None:
+    config, runner, cache = load(tiny_repository / "translator")
+    jobs = translator_jobs()
+
+    def requests():
+        return [GenerationRequest(options=o, source_ids=ids) for ids, o in jobs]
+
+    inplace = decode_all(config, runner, cache, requests())
+    growing = decode_all(config, runner, None, requests())
+    assert [e.tokens for e in inplace] == [e.tokens for e in growing]
+    for ours, theirs in zip(inplace, growing, strict=True):  # scores: summation order differs
+        assert [ids for ids, _ in ours.alternatives] == [ids for ids, _ in theirs.alternatives]
+        assert [s for _, s in ours.alternatives] == pytest.approx(
+            [s for _, s in theirs.alternatives], rel=1e-5
+        )
+        if theirs.score is None:  # greedy and sampling have no score
+            assert ours.score is None
+        else:
+            assert ours.score == pytest.approx(theirs.score, rel=1e-5)
+    assert cache.rows == 0 and cache.tokens == 0  # every row was given back
+
+
+def test_captioner_tokens_equal_the_growing_cache(tiny_repository: Path) -> None:
+    config, runner, cache = load(tiny_repository / "captioner")
+    images = np.stack([image for image, _ in shapes.generate(6, seed=1, split="test")])
+    pixels = pixel_values(images)
+
+    def requests():
+        return [
+            GenerationRequest(
+                options=DecodingOptions(max_new_tokens=10, beam_size=1 + i % 2), pixels=p
+            )
+            for i, p in enumerate(pixels)
+        ]
+
+    inplace = decode_all(config, runner, cache, requests())
+    growing = decode_all(config, runner, None, requests())
+    assert [e.tokens for e in inplace] == [e.tokens for e in growing]
+
+
+def test_a_step_writes_the_cache_where_it_lies(tiny_repository: Path) -> None:
+    _, runner, cache = load(tiny_repository / "translator")
+    encoded = runner.encode(
+        {"input_ids": np.array([[9, 10, 11, 2]]), "attention_mask": np.ones((1, 4), np.int64)}
+    )
+    first, second = cache.admit(encoded, [1]), cache.admit(encoded, [2])
+    assert first[0].tolist() == [0] and second[0].tolist() == [1, 2]
+    buffer = cache.decoder.past["past_key.0"]
+    address = buffer.value.data_ptr()
+    assert not buffer.host().any()
+    rows = np.array([0, 1, 2])
+    cache.step(rows, np.array([1, 1, 1]), np.array([0, 0, 0]))
+    cache.step(rows, np.array([5, 6, 7]), np.array([1, 1, 1]))
+    host = buffer.host()
+    assert buffer.value.data_ptr() == address  # the same memory, written in place
+    assert host[rows, :, :2].any(axis=(1, 3)).all()  # positions 0 and 1 written for every row
+    assert not host[:, :, 2:].any() and not host[3:].any()  # nothing else touched
+    assert cache.tokens == 6 and cache.relayouts == 0
+    cache.reorder(np.array([1, 2]), np.array([2, 2]))  # beam: row 1 continues row 2
+    np.testing.assert_array_equal(host[1], host[2])
+    cache.release(np.array([1, 2]))
+    assert cache.rows == 1 and cache.tokens == 2
+    assert cache.admit(encoded, [1])[0].tolist() == [1]  # the lowest free row again
+
+
+def test_caches_widen_and_narrow_with_their_longest_row(tiny_repository: Path) -> None:
+    _, runner, cache = load(tiny_repository / "translator")
+    short = runner.encode(
+        {"input_ids": np.array([[9, 10, 2]]), "attention_mask": np.ones((1, 3), np.int64)}
+    )
+    decoder = cache.decoder
+    (a,), (b,) = cache.admit(short, [1]), cache.admit(short, [1])
+    assert (decoder.past_width, decoder.source_width) == (8, 8)
+    for position in range(10):  # row a decodes 10 tokens, row b only the first 3
+        rows = np.concatenate([a, b]) if position < 3 else a
+        cache.step(rows, np.full(len(rows), 5 + position), np.full(len(rows), position))
+    assert decoder.past_width == 16 and cache.relayouts == 1
+    written = decoder.past["past_value.1"].host()[:2, :, :10].copy()
+    long_source = runner.encode(
+        {"input_ids": np.arange(4, 16)[None], "attention_mask": np.ones((1, 12), np.int64)}
+    )
+    (c,) = cache.admit(long_source, [1])
+    assert decoder.source_width == 16 and cache.relayouts == 2
+    np.testing.assert_array_equal(decoder.past["past_value.1"].host()[:2, :, :10], written)
+    cache.release(a)  # the longest self-attention row leaves: back to 8 positions
+    assert decoder.past_width == 8 and decoder.source_width == 16
+    np.testing.assert_array_equal(decoder.past["past_value.1"].host()[1, :, :3], written[1, :, :3])
+    cache.release(c)  # the longest source leaves
+    assert decoder.source_width == 8 and cache.relayouts == 4
+    cache.release(b)
+    assert cache.rows == 0 and cache.tokens == 0
+
+
+def test_positions_past_the_capacity_are_refused(tiny_repository: Path) -> None:
+    _, runner, cache = load(tiny_repository / "translator")
+    encoded = runner.encode(
+        {"input_ids": np.array([[9, 2]]), "attention_mask": np.ones((1, 2), np.int64)}
+    )
+    (rows,) = cache.admit(encoded, [1])
+    with pytest.raises(ValueError, match="past the cache"):
+        cache.step(rows, np.array([1]), np.array([cache.decoder.capacity]))
+
+
+# --- which decoder the server uses --------------------------------------------------------------
+
+
+def copy_entry(tiny_repository: Path, tmp_path: Path, name: str = "translator") -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(tiny_repository / name, root / name)
+    return root
+
+
+def served_cache(root: Path) -> str:
+    repository = ModelRepository.load(root)
+    return repository.get("translator").kv_cache
+
+
+def test_the_server_decodes_in_place_by_default(tiny_repository: Path, tmp_path: Path) -> None:
+    assert served_cache(copy_entry(tiny_repository, tmp_path)) == "inplace"
+
+
+def test_kv_cache_growing_in_config_yaml(tiny_repository: Path, tmp_path: Path) -> None:
+    root = copy_entry(tiny_repository, tmp_path)
+    config = read_model_config(root / "translator")
+    options = dataclasses.replace(config.onnxruntime, kv_cache="growing")
+    write_model_config(dataclasses.replace(config, onnxruntime=options), root / "translator")
+    assert served_cache(root) == "growing"
+
+
+def test_older_exports_fall_back_to_the_growing_cache(tiny_repository: Path, tmp_path) -> None:
+    root = copy_entry(tiny_repository, tmp_path)
+    (resolve_version(root / "translator") / DECODER_INPLACE_FILE).unlink()
+    assert served_cache(root) == "growing"
+
+
+def test_an_unloadable_inplace_graph_falls_back_with_a_warning(
+    tiny_repository: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = copy_entry(tiny_repository, tmp_path)
+    (resolve_version(root / "translator") / DECODER_INPLACE_FILE).write_bytes(b"not a graph")
+    with caplog.at_level(logging.WARNING):
+        assert served_cache(root) == "growing"
+    assert "cannot load the in-place decoder" in caplog.text
