@@ -17,7 +17,7 @@ import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.server_process import ServeProcess  # noqa: F401  (re-exported for the tests)
-from serving.model_config import read_model_config, write_model_config
+from contract.repository import read_model_config, write_model_config
 
 # Status codes a malformed request may get; never UNKNOWN or INTERNAL (those are server bugs).
 CLIENT_ERRORS = frozenset(

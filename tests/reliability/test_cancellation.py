@@ -14,6 +14,11 @@ the middle, or runs to the end (control). Afterwards:
 - no decode work continues: the engines' step counters and the decoder-step batch histogram stop
   moving;
 - a good request still gets the answer computed before the storm.
+
+It runs twice: against a server in this process (the engines' own objects are checked too) and
+against ``attnserve serve --frontend-workers 2`` (two frontend processes and an engine process;
+the client spreads its calls over four connections; the /metrics gauges and counters, which add
+up every process, are checked).
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ import grpc
 import numpy as np
 import pytest
 
+from contract.images import encode_png
 from models.data import shapes
-from models.data.images import encode_png
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from tests.reliability.harness import sample, scrape, wait_until
+from tests.reliability.harness import ServeProcess, sample, scrape, wait_until
 from tests.serving.server_thread import ServerThread
 
 STREAMS = 1000
@@ -44,17 +49,37 @@ MODES = {"before_first_token": 0.3, "mid_stream": 0.35, "deadline": 0.25, "compl
 LONG = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)  # streams long enough to cut
 CAPTION_LONG = pb.DecodingOptions(max_new_tokens=24, min_new_tokens=24)  # its limit
 GENERATORS = ("translator", "captioner")
+GAUGES = (
+    "attnserve_active_sequences",
+    "attnserve_kv_cache_tokens",
+    "attnserve_kv_cache_usage_ratio",
+    "attnserve_queue_depth",
+)
+CONNECTIONS = 4  # the storm's channels (with frontend processes: connections to spread)
+Server = ServerThread | ServeProcess
 
 
-@pytest.fixture(scope="module")
-def server(tiny_repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(tiny_repository) as running:
-        yield running
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-frontends"])
+def server(tiny_repository: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
+    if request.param == 1:
+        with ServerThread(tiny_repository) as running:
+            yield running
+        return
+    flags = ("--metrics-port", "0", "--frontend-workers", str(request.param))
+    with ServeProcess(tiny_repository, *flags, grace=2) as process:
+        yield process
 
 
-def engine(server: ServerThread, name: str) -> Any:
-    assert server.running is not None
+def engine(server: Server, name: str) -> Any:
+    assert isinstance(server, ServerThread) and server.running is not None
     return server.running.repository.get(name).engine
+
+
+def decoder_steps(server: Server) -> dict[str, int] | float:
+    """The engines' step counters (one process), else the decoder-step batch count of /metrics."""
+    if isinstance(server, ServerThread):
+        return {name: engine(server, name).steps for name in GENERATORS}
+    return sample(scrape(server.metrics_url), "attnserve_batch_size_count", stage="decoder_step")
 
 
 def good_tokens(address: str) -> list[int]:
@@ -104,19 +129,28 @@ async def one_stream(stub: pb_grpc.AttnServeStub, rng: np.random.Generator, imag
 async def storm(address: str, image: bytes) -> Counter[str]:
     rng = np.random.default_rng(2024)
     outcomes: Counter[str] = Counter()
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.AttnServeStub(channel)
-        pending = iter(range(STREAMS))
+    options = [("grpc.use_local_subchannel_pool", 1)]  # one TCP connection per channel
+    channels = [grpc.aio.insecure_channel(address, options=options) for _ in range(CONNECTIONS)]
+    pending = iter(range(STREAMS))
 
-        async def worker() -> None:
-            for _ in pending:
-                outcomes[await one_stream(stub, rng, image)] += 1
+    async def worker(stub: pb_grpc.AttnServeStub) -> None:
+        for _ in pending:
+            outcomes[await one_stream(stub, rng, image)] += 1
 
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    try:
+        stubs = [pb_grpc.AttnServeStub(channel) for channel in channels]
+        await asyncio.gather(*(worker(stubs[i % CONNECTIONS]) for i in range(CONCURRENCY)))
+    finally:
+        await asyncio.gather(*(channel.close() for channel in channels))
     return outcomes
 
 
-def idle(server: ServerThread) -> bool:
+def idle(server: Server) -> bool:
+    if isinstance(server, ServeProcess):
+        families = scrape(server.metrics_url)
+        return all(
+            sample(families, gauge, model=name) == 0 for gauge in GAUGES for name in GENERATORS
+        )
     return all(
         not engine(server, name).sequences
         and engine(server, name).active_rows == 0
@@ -127,7 +161,7 @@ def idle(server: ServerThread) -> bool:
 
 
 def test_cancelled_and_expired_streams_free_everything(
-    server: ServerThread, tmp_path_factory: pytest.TempPathFactory
+    server: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     reference = good_tokens(server.address)
     assert len(reference) == 32
@@ -143,19 +177,11 @@ def test_cancelled_and_expired_streams_free_everything(
     assert outcomes["mid_stream:CANCELLED"] > 0 and outcomes["deadline:DEADLINE_EXCEEDED"] > 0
     assert all(code == "OK" for key, code in (k.split(":") for k in outcomes) if key == "complete")
 
-    # Everything is freed, on the engines and in the gauges.
-    assert wait_until(lambda: idle(server), timeout=10), {
-        name: (len(engine(server, name).sequences), engine(server, name).cache.tokens)
-        for name in GENERATORS
-    }
+    # Everything is freed, on the engines (one process) and in the gauges.
+    assert wait_until(lambda: idle(server), timeout=10), scrape(server.metrics_url)
     families = scrape(server.metrics_url)
     for name in GENERATORS:
-        for gauge in (
-            "attnserve_active_sequences",
-            "attnserve_kv_cache_tokens",
-            "attnserve_kv_cache_usage_ratio",
-            "attnserve_queue_depth",
-        ):
+        for gauge in GAUGES:
             assert sample(families, gauge, model=name) == 0, (gauge, name)
     server_codes = {
         s.labels["code"]
@@ -187,10 +213,10 @@ def test_cancelled_and_expired_streams_free_everything(
     assert counted["CANCELLED"] + counted["DEADLINE_EXCEEDED"] >= 0.75 * cut, (counted, outcomes)
 
     # No decode work continues for them.
-    steps = {name: engine(server, name).steps for name in GENERATORS}
+    steps = decoder_steps(server)
     histogram = sample(families, "attnserve_batch_size_count", stage="decoder_step")
     time.sleep(0.5)
-    assert {name: engine(server, name).steps for name in GENERATORS} == steps
+    assert decoder_steps(server) == steps
     later = scrape(server.metrics_url)
     assert sample(later, "attnserve_batch_size_count", stage="decoder_step") == histogram
 
@@ -200,10 +226,16 @@ def test_cancelled_and_expired_streams_free_everything(
         "seconds": round(seconds, 1),
         "outcomes": dict(outcomes),
         "server_counted": counted,
-        "final_active_sequences": {n: len(engine(server, n).sequences) for n in GENERATORS},
-        "final_kv_cache_tokens": {n: engine(server, n).cache.tokens for n in GENERATORS},
+        "final_active_sequences": {
+            n: sample(later, "attnserve_active_sequences", model=n) for n in GENERATORS
+        },
+        "final_kv_cache_tokens": {
+            n: sample(later, "attnserve_kv_cache_tokens", model=n) for n in GENERATORS
+        },
         "decoder_steps": steps,
+        "server_processes": "one" if isinstance(server, ServerThread) else "two frontends",
     }
     text = json.dumps(summary, indent=2)
-    (tmp_path_factory.getbasetemp() / "cancellation_summary.json").write_text(text)
+    suffix = "" if isinstance(server, ServerThread) else "-two-frontends"
+    (tmp_path_factory.getbasetemp() / f"cancellation_summary{suffix}.json").write_text(text)
     print(f"\ncancellation summary: {text}")

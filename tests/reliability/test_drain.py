@@ -16,16 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
+from contract.images import encode_png
 from models.data import shapes
-from models.data.images import encode_png
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from tests.reliability.harness import ServeProcess
 
 GRACE_S = 10.0
-TRANSLATE = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
-CAPTION = pb.DecodingOptions(max_new_tokens=24, min_new_tokens=24)
+# The shipped models decode for long enough (hundreds of ms) that the drain surely overlaps them.
+TRANSLATE = pb.DecodingOptions(max_new_tokens=64, min_new_tokens=64)
+CAPTION = pb.DecodingOptions(max_new_tokens=40, min_new_tokens=40)
 STREAMS = 16
 
 
@@ -73,9 +75,11 @@ def new_request(address: str) -> tuple[str, str]:
             return err.code().name, err.details() or ""
 
 
-def test_sigterm_drains_streams_in_flight(tiny_repository: Path) -> None:
+@pytest.mark.parametrize("frontends", [1, 2], ids=["one-process", "two-frontends"])
+def test_sigterm_drains_streams_in_flight(shipped_repository: Path, frontends: int) -> None:
     image = encode_png(shapes.generate(1, seed=8, split="test")[0][0])
-    with ServeProcess(tiny_repository, "--metrics-port", "-1", grace=GRACE_S) as server:
+    flags = ("--metrics-port", "-1", "--frontend-workers", str(frontends))
+    with ServeProcess(shipped_repository, *flags, grace=GRACE_S) as server:
         channel = grpc.insecure_channel(server.address)
         stub = pb_grpc.AttnServeStub(channel)
         reference = {}
@@ -94,14 +98,16 @@ def test_sigterm_drains_streams_in_flight(tiny_repository: Path) -> None:
             signalled = time.monotonic()
             server.terminate()
             assert server.saw("draining", timeout=5)
-            refused: list[Any] = [new_request(server.address) for _ in range(3)]
-            # an open channel is refused too (the servicer's drain check or the closed port)
+            refused: list[Any] = []
+            # a new request on an open channel is refused at once (the servicer's drain check)
             try:
                 stub.Translate(pb.TranslateRequest(texts=["five"], target_language="de"), timeout=5)
                 refused.append(("OK", ""))
             except grpc.RpcError as err:
                 refused.append((err.code().name, err.details() or ""))
             running_at_refusal = sum(not s.code for s in streams)
+            # and on new channels (the drain check, or the port already closed)
+            refused += [new_request(server.address) for _ in range(3)]
         code, output = server.wait(timeout=GRACE_S + 20)
         exited = time.monotonic() - signalled
         channel.close()

@@ -1,11 +1,12 @@
 """A backend error in one batch of a live server fails that batch only.
 
-The fault is injected into the real server: the ONNX Runtime backend's ``run`` of one served
-model is wrapped, on the live object, to raise once on a chosen graph call (a decoder step of a
-given width, an encoder pass while others decode, a classifier batch); every other call runs
-the real graph. tests/serving/test_engine.py covers the same property for an engine alone with
-a wrapped runner, tests/serving/test_dynamic_batcher.py for a batcher with a fake batch
-function; here it goes through gRPC, the servicers, the schedulers and the metrics. Asserted:
+The fault is injected into the real server: a method of a live object of one served model is
+wrapped to raise once on a chosen call (a decoder step of a given width through the in-place
+decoder's ``step`` or the backend's ``run``, whichever the model decodes with; an encoder pass
+while others decode; a classifier batch); every other call runs the real graph.
+tests/serving/test_engine.py covers the same property for an engine alone with a wrapped runner,
+tests/serving/test_dynamic_batcher.py for a batcher with a fake batch function; here it goes
+through gRPC, the servicers, the schedulers and the metrics. Asserted:
 
 - exactly the requests of the failed graph call end INTERNAL, with a message naming the model
   and the cause;
@@ -27,12 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from contract.images import encode_png
 from models.data import digits, shapes
-from models.data.images import encode_png
 from serving.backends.base import BackendError
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -44,44 +44,76 @@ LONG = pb.DecodingOptions(max_new_tokens=TOKENS, min_new_tokens=TOKENS)
 
 
 class FaultOnce:
-    """Wraps a live backend's ``run``: the first call that ``when(graph, feeds, calls)`` picks
-    raises ``error`` (calls counts earlier calls of that graph); everything else runs for real.
-    """
+    """Wraps ``target.method`` on the live object: the first call that ``when(*args, calls)``
+    picks raises ``error`` (calls counts earlier calls); every call ``slow_if(*args)`` picks
+    first sleeps ``slow_s``; everything else runs for real."""
 
     def __init__(
         self,
-        backend: Any,
-        when: Callable[[str, Mapping[str, np.ndarray], int], bool],
+        target: Any,
+        method: str,
+        when: Callable[..., bool],
         error: Exception,
-        slow_decoder_s: float = 0.0,
+        slow_s: float = 0.0,
+        slow_if: Callable[..., bool] = lambda *args: True,
     ) -> None:
-        self.backend, self.when, self.error = backend, when, error
-        self.slow_decoder_s = slow_decoder_s  # a slower decoder keeps sequences running longer
-        self.real = backend.run
-        self.calls: Counter[str] = Counter()
+        self.target, self.method, self.when, self.error = target, method, when, error
+        self.slow_s, self.slow_if = slow_s, slow_if  # slower steps keep sequences running longer
+        self.real = getattr(target, method)
+        self.calls = 0
         self.fired_rows = 0  # the batch width of the failed call
         self.fired = threading.Event()
         self.lock = threading.Lock()
 
-    def run(self, graph: str, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def call(self, *args: Any) -> Any:
         with self.lock:
-            fire = not self.fired.is_set() and self.when(graph, feeds, self.calls[graph])
-            self.calls[graph] += 1
+            fire = not self.fired.is_set() and self.when(*args, self.calls)
+            self.calls += 1
             if fire:
-                self.fired_rows = int(next(iter(feeds.values())).shape[0])
+                self.fired_rows = rows_of(args)
                 self.fired.set()
         if fire:
             raise self.error
-        if graph == "decoder" and self.slow_decoder_s:
-            time.sleep(self.slow_decoder_s)
-        return self.real(graph, feeds)
+        if self.slow_s and self.slow_if(*args):
+            time.sleep(self.slow_s)
+        return self.real(*args)
 
     def __enter__(self) -> FaultOnce:
-        self.backend.run = self.run  # on the live object: the engine calls it next
+        setattr(self.target, self.method, self.call)  # on the live object: the engine calls it next
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.backend.run  # the class's own method again
+        delattr(self.target, self.method)  # the class's own method again
+
+
+def rows_of(args: tuple[Any, ...]) -> int:
+    """The batch width of a ``run(graph, feeds)`` or ``step(input_ids, ...)`` call."""
+    first = args[1] if isinstance(args[0], str) else args[0]
+    array = next(iter(first.values())) if isinstance(first, Mapping) else first
+    return int(array.shape[0])
+
+
+def decoder_fault(
+    server: ServerThread, when_rows: Callable[[int], bool], error: Exception, slow_s: float
+) -> FaultOnce:
+    """A fault on the translator's decoder steps, whichever KV cache it decodes with."""
+    served = model(server, "translator")
+    if served.kv_cache == "inplace":
+        return FaultOnce(
+            served.engine.cache.decoder,
+            "step",
+            lambda ids, *rest: when_rows(len(ids)),
+            error,
+            slow_s,
+        )
+    return FaultOnce(
+        served.backend,
+        "run",
+        lambda graph, feeds, n: graph == "decoder" and when_rows(feeds["input_ids"].shape[0]),
+        error,
+        slow_s,
+        slow_if=lambda graph, feeds: graph == "decoder",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -165,17 +197,14 @@ def test_a_failed_decoder_step_fails_its_batch_only(server: ServerThread, stub) 
     before = internal_count(server, "translator")
     full_steps = Counter()
 
-    def fifth_full_step(graph: str, feeds: Mapping[str, np.ndarray], n: int) -> bool:
-        if graph != "decoder" or feeds["input_ids"].shape[0] != 4:
+    def fifth_full_step(rows: int) -> bool:
+        if rows != 4:
             return False
         full_steps["decoder"] += 1
         return full_steps["decoder"] == 5  # every stream of the batch has sent a token or more
 
-    fault = FaultOnce(
-        model(server, "translator").backend,
-        fifth_full_step,
-        BackendError("decoder graph failed: injected fault"),
-        slow_decoder_s=0.005,
+    fault = decoder_fault(
+        server, fifth_full_step, BackendError("decoder graph failed: injected fault"), 0.005
     )
     with fault, concurrent.futures.ThreadPoolExecutor(10) as pool:
         streams = [pool.submit(stream, stub, text) for text in TEXTS]
@@ -209,11 +238,13 @@ def test_a_failed_encoder_pass_fails_its_joiners_only(server: ServerThread, stub
     armed = threading.Event()
     fault = FaultOnce(
         model(server, "translator").backend,
+        "run",
         lambda graph, feeds, n: graph == "encoder" and armed.is_set(),
         BackendError("encoder graph failed: injected fault"),
-        slow_decoder_s=0.02,  # 30 steps: 0.6 s, time enough for the joiners to come
     )
-    with fault, concurrent.futures.ThreadPoolExecutor(4) as pool:
+    # 30 slower steps (0.6 s) leave the joiners time enough to come.
+    slow = decoder_fault(server, lambda rows: False, BackendError("unused"), slow_s=0.02)
+    with slow, fault, concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = [pool.submit(stream, stub, text) for text in TEXTS[:2]]
         assert wait_until(lambda: len(engine.sequences) == 2, timeout=30)
         armed.set()  # the next encoder pass is the joiners'
@@ -238,6 +269,7 @@ def test_a_failed_classifier_batch_fails_its_requests_only(server: ServerThread,
     before = internal_count(server, "vit")
     fault = FaultOnce(
         model(server, "vit").backend,
+        "run",
         lambda graph, feeds, n: feeds["pixel_values"].shape[0] >= 2,
         RuntimeError("injected fault: device lost"),
     )

@@ -10,8 +10,8 @@ import grpc
 import numpy as np
 import pytest
 
+from contract.images import encode_png
 from models.data import digits
-from models.data.images import encode_png
 from serving.client import AttnServeClient, ClientError
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2 as kpb

@@ -15,7 +15,10 @@ whatever the servicer does). Asserted:
 - rejections are fast: their p99 is within ``REJECT_BOUND_S`` (10 ms) of the control calls' p99
   (a full queue costs no more than a malformed request: the servicer refuses at once, it never
   waits for capacity); the absolute figures are reported: they are mostly the transport's floor,
-  which grows with the burst and with whatever else holds the machine's cores;
+  which grows with the burst and with whatever else holds the machine's cores. With separate
+  frontend processes a control is refused in the frontend but a rejection comes from the engine
+  process (it owns the queues), one IPC round trip to a process whose cores are busy decoding:
+  ``IPC_HOP_S`` more is allowed there (a 2-core CI run measured 12 ms over the floor at p99);
 - paced overload (then one call every 2 ms, 500/s, several times what the model serves, so no
   call waits behind a burst): rejections arrive within 10 ms at the median, p99 within
   ``PACED_P99_S`` (slack for a busy machine; the figures are reported);
@@ -38,13 +41,14 @@ from typing import Any
 import grpc
 import pytest
 
+from contract.images import encode_png
 from models.data import digits
-from models.data.images import encode_png
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from tests.reliability.harness import ServeProcess, copy_repository, percentile, sample, scrape
 
 REJECT_BOUND_S = 0.010  # the issue's bound: a rejection arrives within 10 ms (over the floor)
+IPC_HOP_S = 0.025  # multi-process: the engine process's answer, on cores busy decoding
 ADMITTED_P99_S = 30.0  # liveness: admitted requests finish (generous: CI machines are slow)
 BURSTS = 4
 PACED_CALLS = 150  # then one call every PACED_GAP_S: several times what the model serves
@@ -59,9 +63,11 @@ SUMMARY: dict[str, Any] = {}
 Call = Callable[[pb_grpc.AttnServeStub, int], Awaitable[Any]]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "two-frontends"])
 def server(
-    tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tiny_repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServeProcess]:
     root = copy_repository(
         tiny_repository,
@@ -69,10 +75,12 @@ def server(
         translator={"batching": TRANSLATOR},
         vit={"batching": VIT},
     )
-    with ServeProcess(root, "--metrics-port", "0", grace=2) as process:
+    frontends = ("--frontend-workers", str(request.param))
+    with ServeProcess(root, "--metrics-port", "0", *frontends, grace=2) as process:
         yield process
     text = json.dumps(SUMMARY, indent=2)
-    (tmp_path_factory.getbasetemp() / "overload_summary.json").write_text(text)
+    name = f"overload_summary-{request.param}-frontends.json"
+    (tmp_path_factory.getbasetemp() / name).write_text(text)
     print(f"\noverload summary: {text}")
 
 
@@ -174,7 +182,10 @@ def overload(
         },
     }
     SUMMARY[model] = figures
-    assert percentile(reject_s, 99) <= percentile(control_s, 99) + REJECT_BOUND_S, figures
+    frontends = int(server.command[server.command.index("--frontend-workers") + 1])
+    bound = REJECT_BOUND_S + (IPC_HOP_S if frontends > 1 else 0.0)
+    assert percentile(reject_s, 99) <= percentile(control_s, 99) + bound, figures
+    assert percentile(reject_s, 50) <= percentile(control_s, 50) + REJECT_BOUND_S, figures
     assert percentile(paced_rejected, 50) <= REJECT_BOUND_S, figures
     assert percentile(paced_rejected, 99) <= PACED_P99_S, figures
     assert percentile(admitted_s, 99) <= ADMITTED_P99_S, figures

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from export.errors import SourceError
-from export.hf_import import check_weight_files
+from export.hf import check_weight_files
 from models import vit
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 

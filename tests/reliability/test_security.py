@@ -15,12 +15,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import attnserve_cli
+from contract.schema import SchemaError
 from serving.client import AttnServeClient, ClientError
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
-from serving.schema import SchemaError
 from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV, SecurityConfigError
 from serving.server_config import ServerConfig, load_server_config
 from tests.reliability.tls_files import TlsFiles, make_tls_files

@@ -7,6 +7,8 @@ server's resident memory every second. Asserted: no call failed and every repeat
 its first answer again (whatever the API), every kind of call ran, the server exited 0 on
 SIGTERM, and the resident memory grew by at most 5% between the end of the 15 s warm-up and the
 end. The report goes to ``soak_summary.json`` in pytest's base temp directory and is printed.
+With two frontend processes the same soak runs for a third of the time, its memory summed over
+the supervisor, the engine process and both frontends.
 """
 
 from __future__ import annotations
@@ -23,14 +25,28 @@ SECONDS = float(os.environ.get("ATTNSERVE_SOAK_SECONDS", "45"))
 WARMUP = min(15.0, SECONDS / 3)
 
 
-def test_short_soak(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    report = soak(tiny_repository, SECONDS, WARMUP, concurrency=8, interval=0.5)
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-frontends"])
+def test_short_soak(
+    tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory, workers: int
+) -> None:
+    seconds = SECONDS if workers == 1 else SECONDS / 3
+    warmup = WARMUP if workers == 1 else WARMUP / 3
+    report = soak(
+        tiny_repository, seconds, warmup, concurrency=8, interval=0.5, frontend_workers=workers
+    )
     text = json.dumps({k: v for k, v in report.items() if k != "rss_samples_mb"}, indent=2)
-    (tmp_path_factory.getbasetemp() / "soak_summary.json").write_text(json.dumps(report, indent=2))
+    summary = tmp_path_factory.getbasetemp() / f"soak_summary_{workers}.json"
+    summary.write_text(json.dumps(report, indent=2))
     print(f"\nsoak summary: {text}")
     assert report["errors"] == 0, report["error_samples"]
     assert set(report["calls_by_kind"]) == set(KINDS)
-    assert report["calls"] >= 10 * SECONDS  # it really drove traffic
+    assert report["calls"] >= 10 * seconds  # it really drove traffic
+    # one process, or the supervisor + the engine process + each frontend (+ the resource
+    # tracker multiprocessing's spawn starts)
+    if workers == 1:
+        assert report["server_processes"] == 1
+    else:
+        assert report["server_processes"] >= 2 + workers
     assert report["server_exit_code"] == 0
     assert report["rss_growth_after_warmup"] <= 0.05, report["rss_mb"]
     assert report["passed"]

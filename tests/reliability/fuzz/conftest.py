@@ -1,0 +1,95 @@
+"""The fuzz package's server: one for all fuzz tests (package scope, as the single module
+had), the reference answers computed on it first, and the JSON summary written when the last
+fuzz test is done (``fuzz_summary.json`` in pytest's base temp, ``$ATTNSERVE_FUZZ_SUMMARY``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2_grpc
+
+from benchmarks.server_process import ServeProcess
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+from tests.reliability.fuzz.checker import PROFILE, TOTAL_EXAMPLES, Fuzz
+from tests.reliability.harness import BIG_MESSAGES
+from tests.serving.server_thread import ServerThread
+
+
+def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
+    """The server under fuzzing: in this process, or `attnserve serve` with frontend processes."""
+    if frontends == 1:
+        return ServerThread(repository, metrics_port=-1)
+    workers = ("--frontend-workers", str(frontends), "--metrics-port", "-1")
+    return ServeProcess(repository, *workers)
+
+
+@pytest.fixture(scope="package", params=[1, 2], ids=["one-process", "two-frontends"])
+def fuzz(
+    request: pytest.FixtureRequest,
+    tiny_repository: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fuzz]:
+    started = time.monotonic()
+    frontends: int = request.param
+    with fuzz_server(tiny_repository, frontends) as server:
+        channel = grpc.insecure_channel(server.address, options=BIG_MESSAGES)
+        state = Fuzz(
+            server,
+            channel,
+            pb_grpc.AttnServeStub(channel),
+            kpb_grpc.GRPCInferenceServiceStub(channel),
+            health_pb2_grpc.HealthStub(channel),
+        )
+        state.reference = state.answers()
+        state.assert_still_correct()  # deterministic, or the checks would mean nothing
+        yield state
+        state.assert_still_correct()
+        channel.close()
+    summary = {
+        "frontend_workers": frontends,
+        "profile": PROFILE,
+        "examples_budget": TOTAL_EXAMPLES,
+        "cases": sum(state.cases.values()),
+        "cases_per_test": dict(state.cases),
+        "status_codes": dict(state.codes),
+        "liveness_checks": state.checks,
+        "slowest_calls": [(round(s, 3), what) for s, what in reversed(state.slowest)],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    text = json.dumps(summary, indent=2)
+    suffix = "" if frontends == 1 else f"-{frontends}-frontends"
+    (tmp_path_factory.getbasetemp() / f"fuzz_summary{suffix}.json").write_text(text)
+    if os.environ.get("ATTNSERVE_FUZZ_SUMMARY"):
+        target = Path(os.environ["ATTNSERVE_FUZZ_SUMMARY"])
+        target.with_name(target.stem + suffix + target.suffix).write_text(text)
+    print(f"\nfuzz summary: {text}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run test_fuzz_case_count after the other fuzz tests of its server (it checks the whole
+    budget was spent), keeping each server's tests together."""
+    here = Path(__file__).parent
+
+    def server(item: pytest.Item) -> str:
+        callspec = getattr(item, "callspec", None)
+        return str(callspec.params.get("fuzz", "")) if callspec else ""
+
+    counts = [
+        i for i in items if i.name.startswith("test_fuzz_case_count") and i.path.parent == here
+    ]
+    for item in counts:
+        items.remove(item)
+    for item in counts:
+        ours = [
+            n
+            for n, other in enumerate(items)
+            if other.path.parent == here and server(other) == server(item)
+        ]
+        items.insert(ours[-1] + 1 if ours else len(items), item)

@@ -1,0 +1,77 @@
+"""Fuzzing metadata, readiness and health with any model names and versions (attnserve.v1
+GetModel / ListModels, KServe Server* / Model* probes and metadata, grpc.health.v1)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.inference import grpc_service_pb2 as kpb
+from tests.reliability.fuzz.checker import Fuzz, budget
+from tests.reliability.fuzz.strategies import model_names, versions
+
+
+def test_fuzz_metadata(fuzz: Fuzz) -> None:
+    @budget("metadata")
+    @given(
+        method=st.sampled_from(
+            [
+                "GetModel",
+                "ListModels",
+                "ServerLive",
+                "ServerReady",
+                "ModelReady",
+                "ServerMetadata",
+                "ModelMetadata",
+                "ModelConfig",
+                "Health",
+            ]
+        ),
+        name=model_names,
+        version=versions,
+    )
+    @example("GetModel", "", "")
+    @example("ModelConfig", "../../etc/passwd", "")
+    @example("ModelMetadata", "vit", "99999999999999999999")
+    @example("Health", "inference.GRPCInferenceService", "")
+    def run(method: str, name: str, version: str) -> None:
+        k, s = fuzz.kserve, fuzz.stub
+        calls: dict[str, Callable[[float], Any]] = {
+            "GetModel": lambda t: s.GetModel(
+                pb.GetModelRequest(name=name, version=version), timeout=t
+            ),
+            "ListModels": lambda t: s.ListModels(pb.ListModelsRequest(), timeout=t),
+            "ServerLive": lambda t: k.ServerLive(kpb.ServerLiveRequest(), timeout=t),
+            "ServerReady": lambda t: k.ServerReady(kpb.ServerReadyRequest(), timeout=t),
+            "ModelReady": lambda t: k.ModelReady(
+                kpb.ModelReadyRequest(name=name, version=version), timeout=t
+            ),
+            "ServerMetadata": lambda t: k.ServerMetadata(kpb.ServerMetadataRequest(), timeout=t),
+            "ModelMetadata": lambda t: k.ModelMetadata(
+                kpb.ModelMetadataRequest(name=name, version=version), timeout=t
+            ),
+            "ModelConfig": lambda t: k.ModelConfig(
+                kpb.ModelConfigRequest(name=name, version=version), timeout=t
+            ),
+            "Health": lambda t: fuzz.health.Check(
+                health_pb2.HealthCheckRequest(service=name), timeout=t
+            ),
+        }
+        code, details, result = fuzz.call(calls[method])
+        fuzz.check("metadata", code, details, what=(method, name, version))
+        real = name in ("translator", "captioner", "vit") and version in ("", "1")
+        if method in ("GetModel", "ModelMetadata", "ModelConfig"):
+            assert (code == grpc.StatusCode.OK) == real, (method, name, version, code, details)
+        if method == "ModelReady":
+            assert code == grpc.StatusCode.OK and result.ready == real
+        if method in ("ServerLive", "ServerReady", "ListModels", "ServerMetadata"):
+            assert code == grpc.StatusCode.OK
+
+    run()
+    fuzz.assert_still_correct()
