@@ -43,7 +43,12 @@ def add_parsers(subparsers: Any) -> None:
         "(default benchmarks/results/); `bench report` renders the README table from the latest.",
     )
     commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
+    _engine_parser(commands)
+    _serve_parser(commands)
+    _report_parser(commands)
 
+
+def _engine_parser(commands: Any) -> None:
     engine = commands.add_parser(
         "engine",
         help="greedy decoding speed of attnserve vs CTranslate2 vs HF generate (one random "
@@ -69,6 +74,8 @@ def add_parsers(subparsers: Any) -> None:
     )
     engine.set_defaults(handler=run_engine)
 
+
+def _serve_parser(commands: Any) -> None:
     serve = commands.add_parser(
         "serve",
         help="gRPC load generator against attnserve servers it starts (closed and open loop, "
@@ -94,10 +101,43 @@ def add_parsers(subparsers: Any) -> None:
     serve.add_argument(
         "--setups",
         type=_words,
-        help="server setups: batching,no_inflight,no_batching (default all)",
+        help="server setups: batching,no_inflight,no_batching,two_frontends (default all)",
+    )
+    serve.add_argument(
+        "--connections",
+        type=int,
+        help="TCP connections the load generator spreads each point's calls over (default 4)",
+    )
+    serve.add_argument(
+        "--peer-concurrency",
+        type=_ints,
+        help="concurrencies of the KServe ViT load on attnserve and the Triton peer, and of the "
+        "perf_analyzer runs (default 1,8,32)",
+    )
+    serve.add_argument(
+        "--perf-analyzer",
+        action="store_true",
+        default=None,
+        help="also drive Triton's perf_analyzer (vit with no flags, translator with --streaming "
+        "and input data) against attnserve and the Triton peer; installed by `make "
+        "perf-analyzer`, else with pip on first use",
+    )
+    serve.add_argument(
+        "--no-triton",
+        dest="triton",
+        action="store_false",
+        default=None,
+        help="skip the Triton peer (PyTriton serving the same ViT ONNX model in the same run)",
+    )
+    serve.add_argument(
+        "--triton-python",
+        help="a Python with nvidia-pytriton and onnxruntime for the Triton peer (default: a "
+        "virtual environment in the cache, created on first use; --tiny only uses an existing one)",
     )
     serve.set_defaults(handler=run_serve)
 
+
+def _report_parser(commands: Any) -> None:
     report = commands.add_parser(
         "report", help="render the README results table from the latest JSON results"
     )
@@ -189,8 +229,13 @@ def run_serve(args: argparse.Namespace) -> int:
         new_tokens="new_tokens",
         models="models",
         setups="setups",
+        connections="connections",
         threads="threads",
         device="device",
+        peer_concurrency="peer_concurrency",
+        perf_analyzer="perf_analyzer",
+        triton="triton",
+        triton_python="triton_python",
     )
     settings = ServeSettings.tiny_settings(**overrides) if args.tiny else ServeSettings(**overrides)
     path = main(settings, args.out, args.cache, args.repository, plots=not args.no_plots)

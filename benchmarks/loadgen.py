@@ -1,4 +1,6 @@
-"""A gRPC load generator for the attnserve API (grpc.aio, one event loop, one channel).
+"""A gRPC load generator for the attnserve API and the KServe v2 / Triton protocol (grpc.aio, one
+event loop; one channel, or ``connections`` channels with a TCP connection each, used in turn, so
+that a server with several frontend processes on one port gets connections to spread).
 
 Two ways to apply load:
 
@@ -8,31 +10,37 @@ Two ways to apply load:
   whether or not earlier ones have answered; latency counts from the scheduled arrival, so a
   client that falls behind does not hide queueing (no coordinated omission).
 
-Every request yields a ``Record``: latency, time to first token (streams: the first message with
-tokens, as the client sees it; unary: the server's ``timing.time_to_first_token_ms``), time per
-output token, tokens, the gRPC status and the server's own timing. ``summarise`` turns records
+The ``kserve_infer`` method sends one KServe ``ModelInfer`` request (its tensors built once), so
+the same load drives attnserve and a Triton server alike. Every request yields a ``Record``:
+latency, time to first token (streams: the first message with tokens, as the client sees it;
+unary: the server's ``timing.time_to_first_token_ms``), time per output token, tokens, the gRPC
+status and the server's own timing. ``summarise`` turns records
 into a load point: throughput, errors and p50 / p90 / p99 latency, TTFT and TPOT.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import resource
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
 
+from serving.kserve.tensors import input_tensor
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.proto_gen.inference import grpc_service_pb2 as kpb
+from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 
-METHODS = ("translate", "translate_stream", "classify")
+METHODS = ("translate", "translate_stream", "classify", "kserve_infer")
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 16 * 1024 * 1024),
@@ -75,6 +83,7 @@ class Workload:
     image: bytes = b""
     new_tokens: int = 0  # min = max new tokens (EOS suppressed until then); 0 = model default
     timeout_s: float = 120.0
+    tensors: tuple[tuple[str, str, Any], ...] = ()  # kserve_infer: (name, datatype, values)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -87,13 +96,31 @@ def _options(new_tokens: int) -> pb.DecodingOptions:
     return pb.DecodingOptions(max_new_tokens=new_tokens, min_new_tokens=new_tokens, beam_size=1)
 
 
-class Client:
-    """Issues requests of one workload on one grpc.aio channel; ``call`` returns a Record."""
+def kserve_request(model: str, tensors: tuple[tuple[str, str, Any], ...]) -> kpb.ModelInferRequest:
+    """A KServe ModelInfer request of (name, datatype, values) inputs in raw contents."""
+    request = kpb.ModelInferRequest(model_name=model)
+    for name, datatype, values in tensors:
+        tensor, raw = input_tensor(name, datatype, values)
+        request.inputs.append(tensor)
+        request.raw_input_contents.append(raw or b"")
+    return request
 
-    def __init__(self, address: str, workload: Workload) -> None:
+
+class Client:
+    """Issues requests of one workload on ``connections`` grpc.aio channels (each its own TCP
+    connection; calls take them in turn); ``call`` returns a Record."""
+
+    def __init__(self, address: str, workload: Workload, connections: int = 1) -> None:
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, got {connections}")
         self.workload = workload
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self.stub = pb_grpc.AttnServeStub(self.channel)
+        options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channels = [
+            grpc.aio.insecure_channel(address, options=options) for _ in range(connections)
+        ]
+        self._stubs = [pb_grpc.AttnServeStub(channel) for channel in self.channels]
+        self._kserve = [kpb_grpc.GRPCInferenceServiceStub(channel) for channel in self.channels]
+        self._turn = 0
         w = workload
         if w.method == "translate":
             self.request: Any = pb.TranslateRequest(
@@ -109,25 +136,35 @@ class Client:
                 model=w.model,
                 options=_options(w.new_tokens),
             )
+        elif w.method == "kserve_infer":
+            self.request = kserve_request(w.model, w.tensors)
         else:
             self.request = pb.ClassifyRequest(image=w.image, top_k=1, model=w.model)
 
     async def close(self) -> None:
-        await self.channel.close()
+        await asyncio.gather(*(channel.close() for channel in self.channels))
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
-        await asyncio.wait_for(self.channel.channel_ready(), timeout)
+        ready = (channel.channel_ready() for channel in self.channels)
+        await asyncio.wait_for(asyncio.gather(*ready), timeout)
+
+    def _next(self) -> int:
+        """The channel of the next call (round robin)."""
+        self._turn = (self._turn + 1) % len(self.channels)
+        return self._turn
 
     async def call(self, start: float | None = None) -> Record:
         """Send one request; ``start`` is the scheduled time (open loop), else now."""
         start = time.perf_counter() if start is None else start
         method = self.workload.method
         timeout = self.workload.timeout_s
+        turn = self._next()
+        stub = self._stubs[turn]
         try:
             if method == "translate_stream":
-                return await self._stream(start, timeout)
+                return await self._stream(stub, start, timeout)
             if method == "translate":
-                response = await self.stub.Translate(self.request, timeout=timeout)
+                response = await stub.Translate(self.request, timeout=timeout)
                 end = time.perf_counter()
                 timing = response.timing
                 tokens = response.usage.output_tokens
@@ -145,7 +182,10 @@ class Client:
                     timing.queue_time_ms,
                     server_ttft,
                 )
-            await self.stub.Classify(self.request, timeout=timeout)
+            if method == "kserve_infer":
+                await self._kserve[turn].ModelInfer(self.request, timeout=timeout)
+            else:
+                await stub.Classify(self.request, timeout=timeout)
             return Record(start, time.perf_counter(), "OK")
         except grpc.aio.AioRpcError as err:
             return Record(start, time.perf_counter(), err.code().name)
@@ -154,11 +194,11 @@ class Client:
         except Exception as err:  # a client-side failure counts as an error of this request
             return Record(start, time.perf_counter(), f"CLIENT_{type(err).__name__}")
 
-    async def _stream(self, start: float, timeout: float) -> Record:
+    async def _stream(self, stub: pb_grpc.AttnServeStub, start: float, timeout: float) -> Record:
         first: float | None = None
         tokens = 0
         total_ms = queue_ms = server_ttft = None
-        async for message in self.stub.TranslateStream(self.request, timeout=timeout):
+        async for message in stub.TranslateStream(self.request, timeout=timeout):
             if message.token_ids:
                 if first is None:
                     first = time.perf_counter()
@@ -266,6 +306,24 @@ def process_cpu_seconds(pid: int | None = None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command name) of every process (Linux)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as handle:
+                yield int(entry.name), handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+
+
+def session_cpu_seconds(session: int) -> float:
+    """CPU seconds (user + system) of the live processes of a session (Linux /proc)."""
+    ticks = sum(int(f[11]) + int(f[12]) for _, f in proc_stats() if int(f[3]) == session)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def machine_busy_seconds() -> float | None:
     """Busy CPU seconds of the whole machine since boot (all CPUs), from /proc/stat."""
     try:
@@ -286,18 +344,23 @@ async def measure(
     warmup: float = 0.0,
     server_pid: int | None = None,
     seed: int = 0,
+    server_cpu: Callable[[], float | None] | None = None,
 ) -> dict[str, Any]:
     """One load point (closed loop when ``concurrency`` is given, else open loop at ``rate``).
 
     A closed-loop warm-up of ``warmup`` seconds at the same concurrency runs first (its records
-    are dropped). The result adds the client's and server's CPU seconds over the measured phase.
+    are dropped). The result adds the client's and server's CPU seconds over the measured phase
+    (the server's: of ``server_pid``, or what ``server_cpu`` returns for a server of several
+    processes).
     """
+    if server_cpu is None and server_pid:
+        server_cpu = functools.partial(process_cpu_seconds, server_pid)
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
     if warmup > 0:
         await closed_loop(client, concurrency or max(1, math.ceil(rate or 1)), warmup)
     client_cpu = process_cpu_seconds()
-    server_cpu = process_cpu_seconds(server_pid) if server_pid else None
+    server_before = server_cpu() if server_cpu else None
     busy = machine_busy_seconds()
     wall = time.perf_counter()
     if concurrency is not None:
@@ -309,9 +372,9 @@ async def measure(
     wall = time.perf_counter() - wall
     busy_after = machine_busy_seconds()
     point["client_cpu_s"] = round((process_cpu_seconds() or 0) - (client_cpu or 0), 3)
-    if server_cpu is not None:
-        after = process_cpu_seconds(server_pid)
-        point["server_cpu_s"] = round(after - server_cpu, 3) if after is not None else None
+    if server_cpu is not None and server_before is not None:
+        after = server_cpu()
+        point["server_cpu_s"] = round(after - server_before, 3) if after is not None else None
     point["foreign_cpu_share"] = None
     if busy is not None and busy_after is not None and wall > 0:
         own = point["client_cpu_s"] + (point.get("server_cpu_s") or 0.0)

@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 EOS_ID = 0
 UNK_ID = 1
 EOS_BIAS = 10.0
@@ -115,6 +117,13 @@ def vocabulary(shape: MarianShape) -> list[str]:
     tokens[UNK_ID] = "<unk>"
     tokens[shape.pad_id] = "<pad>"
     return tokens
+
+
+def source_ids(rng: np.random.Generator, batch: int, length: int, shape: MarianShape) -> np.ndarray:
+    """(batch, length) random token ids ending in EOS; no special tokens elsewhere."""
+    ids = rng.integers(2, shape.vocab_size - 1, size=(batch, length), dtype=np.int64)
+    ids[:, -1] = EOS_ID
+    return ids
 
 
 def build_marian(cache: Path, shape: MarianShape = BASE) -> Path:

@@ -16,19 +16,24 @@ import collections
 import json
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.engine import (
-    export_attnserve,
-    fixed_greedy,
-    machine_metadata,
+from benchmarks.attnserve_runner import export_attnserve, fixed_greedy
+from benchmarks.machine import machine_metadata
+from benchmarks.marian import (
+    BASE,
+    EOS_ID,
+    TINY,
+    MarianShape,
+    build_marian,
+    default_cache,
     source_ids,
-    timestamp,
 )
-from benchmarks.marian import BASE, EOS_ID, TINY, MarianShape, build_marian, default_cache
+from benchmarks.output import timestamp
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -48,37 +53,56 @@ def op_shares(profile: list[dict[str, Any]]) -> tuple[dict[str, float], float, i
 
 
 def profile_batch(
-    entry: Path, batch: int, threads: int, new_tokens: int, shape: MarianShape
+    entry: Path,
+    batch: int,
+    threads: int,
+    new_tokens: int,
+    shape: MarianShape,
+    kv_cache: str = "inplace",
 ) -> dict[str, Any]:
     """Decode one batch under the profiler; ms per step and operator shares."""
     import onnxruntime as ort
 
+    from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, graph_files
+    from contract.model_config import GeneratorConfig
+    from contract.repository import read_model_config, resolve_version
     from serving.backends.onnxruntime import OnnxRuntimeBackend, session_options
-    from serving.model_config import OnnxRuntimeOptions, read_model_config, resolve_version
-    from serving.repository import graph_files
+    from serving.engine.padded_cache import PaddedKVCache
     from serving.seq2seq import Seq2SeqRunner
+    from serving.served.generator import inplace_cache
 
     config = read_model_config(entry)
-    assert config.decoder is not None
-    options = OnnxRuntimeOptions(
-        intra_op_threads=threads, allow_spinning=True, cpu_memory_arena=True
+    assert isinstance(config, GeneratorConfig)
+    options = replace(
+        config.onnxruntime,
+        intra_op_threads=threads,
+        allow_spinning=True,
+        cpu_memory_arena=True,
+        kv_cache=kv_cache,
     )
-    backend = OnnxRuntimeBackend(resolve_version(entry), graph_files(config), options)
+    batching = replace(config.batching, max_active_sequences=batch)
+    config = replace(config, onnxruntime=options, batching=batching)
+    version = resolve_version(entry)
+    files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
+    graph = DECODER_INPLACE if kv_cache == "inplace" else "decoder"
+    backend = OnnxRuntimeBackend(version, files, options)
     with tempfile.TemporaryDirectory() as scratch:
         so = session_options(options)
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(scratch) / "decoder")
-        version = resolve_version(entry)
-        decoder = ort.InferenceSession(
-            str(version / graph_files(config)["decoder"]), so, providers=backend.providers
-        )
-        backend._sessions["decoder"] = decoder  # the profiled session replaces the plain one
+        decoder = ort.InferenceSession(str(version / files[graph]), so, providers=backend.providers)
+        backend._sessions[graph] = decoder  # the profiled session replaces the plain one
         runner = Seq2SeqRunner(backend, config.decoder)
+        cache = (
+            inplace_cache(backend, config)
+            if kv_cache == "inplace"
+            else PaddedKVCache(runner, batch * config.decoder.max_positions)
+        )
         rng = np.random.default_rng(0)
         ids = source_ids(rng, batch, 32, shape)
         encoded = runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
         started = time.perf_counter()
-        fixed_greedy(runner, encoded, new_tokens, [EOS_ID])
+        fixed_greedy(cache, encoded, config.decoder, new_tokens, [EOS_ID])
         wall = time.perf_counter() - started
         shares, kernel_us, runs = op_shares(json.loads(Path(decoder.end_profiling()).read_text()))
     return {
@@ -95,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--kv-cache", choices=("inplace", "growing"), default="inplace", help="decoder graph"
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny model (CI smoke run)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache", type=Path, default=None)
@@ -109,15 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         "kind": "ort-profile",
         "tiny": args.tiny,
         "precision": args.precision,
+        "kv_cache": args.kv_cache,
         "threads": args.threads,
         "new_tokens": new_tokens,
         "machine": machine_metadata("cpu"),
         "note": "profiling adds overhead: compare shares, not absolute times",
-        "batches": [profile_batch(entry, b, args.threads, new_tokens, shape) for b in args.batch],
+        "batches": [
+            profile_batch(entry, b, args.threads, new_tokens, shape, args.kv_cache)
+            for b in args.batch
+        ],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = (
-        args.out / f"ort-profile-{args.precision}-{timestamp()}{'-tiny' if args.tiny else ''}.json"
+        args.out / f"ort-profile-{args.precision}-{args.kv_cache}-{timestamp()}"
+        f"{'-tiny' if args.tiny else ''}.json"
     )
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(path)

@@ -155,7 +155,7 @@ def serve_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
     for label, points in sorted(series.items()):
         points = sorted(points, key=lambda p: p["concurrency"])
         x = [p["concurrency"] for p in points]
-        if points[0]["method"] == "classify":
+        if points[0]["method"] in ("classify", "kserve_infer"):
             axes[0].plot(x, [p["throughput_rps"] for p in points], marker="o", label=label)
         else:
             axes[1].plot(x, [p.get("tokens_per_s") or 0 for p in points], marker="o", label=label)
@@ -185,7 +185,7 @@ def serve_plots(result: dict[str, Any], out_dir: Path) -> list[Path]:
             "latency-open",
         ),
     ):
-        path = _latency_plot(result, loop_points, x_key, xlabel, what, suffix, out_dir)
-        if path is not None:
-            paths.append(path)
+        plotted = _latency_plot(result, loop_points, x_key, xlabel, what, suffix, out_dir)
+        if plotted is not None:
+            paths.append(plotted)
     return paths

@@ -72,72 +72,109 @@ def machine_line(result: dict[str, Any]) -> str:
     )
 
 
+def _tiny_note(result: dict[str, Any]) -> str:
+    tiny = result["settings"].get("tiny")
+    return " (TINY configuration: the numbers mean nothing)" if tiny else ""
+
+
+def _batch_header(first: str, batches: list[int]) -> list[str]:
+    return [
+        f"| {first} | " + " | ".join(f"batch {b}" for b in batches) + " |",
+        "|---|" + "---|" * len(batches),
+    ]
+
+
+def _row(rows: list[dict[str, Any]], engine: str, batch: int) -> dict[str, Any] | None:
+    """The engine's result row at ``batch`` when it was measured, else None."""
+    row = next((r for r in rows if r["engine"] == engine and r["batch"] == batch), None)
+    return None if row is None or row["tokens_per_s"] is None else row
+
+
+# --- the engine benchmark -----------------------------------------------------------------------
+
+
 def engine_section(result: dict[str, Any], source: str) -> list[str]:
+    """The engine benchmark's markdown: setup, rates, ratios to peers, CTranslate2 splits."""
+    lines = [f"### Engine: greedy decoding{_tiny_note(result)}", ""]
+    lines += [_engine_setup(result, source), "", machine_line(result), ""]
+    lines += _engine_rate_table(result)
+    lines += _engine_peer_table(result)
+    lines += _engine_notes(result)
+    for plot in result.get("plots", []):
+        lines += ["", f"![engine comparison]({plot})"]
+    return lines
+
+
+def _engine_setup(result: dict[str, Any], source: str) -> str:
     s = result["settings"]
     shape = result["model"]["shape"]
-    batches = s["batches"]
-    rows = result["results"]
     peak = result["roofline"]["matmul_peak_gflops"]
-    tiny = " (TINY configuration: the numbers mean nothing)" if s.get("tiny") else ""
-    lines = [
-        f"### Engine: greedy decoding{tiny}",
-        "",
+    return (
         f"Random Marian model (d_model {shape['d_model']}, {shape['encoder_layers']}+"
         f"{shape['decoder_layers']} layers, {shape['heads']} heads, ffn {shape['ffn_dim']}, "
         f"vocab {shape['vocab_size']}), source {s['source_length']} tokens, exactly "
         f"{s['new_tokens']} new tokens (EOS suppressed), {s['threads']} threads per engine; "
         f"medians of {s['repetitions']} interleaved runs after {s['warmup']} warm-up. "
-        f"fp32 matmul peak measured in the same run: {peak:,.0f} GFLOP/s. Source: `{source}`.",
-        "",
-        machine_line(result),
-        "",
-        "New tokens/s (ms per decode step of the whole batch, encoder amortised):",
-        "",
-        "| engine | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "|---|" + "---|" * len(batches),
-    ]
+        f"fp32 matmul peak measured in the same run: {peak:,.0f} GFLOP/s. Source: `{source}`."
+    )
+
+
+def _engine_rate_table(result: dict[str, Any]) -> list[str]:
+    """New tokens/s (ms per step) per engine and batch; skipped engines as dashes."""
+    batches = result["settings"]["batches"]
+    rows = result["results"]
+    lines = ["New tokens/s (ms per decode step of the whole batch, encoder amortised):", ""]
+    lines += _batch_header("engine", batches)
     for engine in result["engines"]:
         cells = []
         for batch in batches:
-            row = next(
-                (r for r in rows if r["engine"] == engine["name"] and r["batch"] == batch), None
+            row = _row(rows, engine["name"], batch)
+            cells.append(
+                "—" if row is None else f"{row['tokens_per_s']:,.0f} ({row['ms_per_step']:.2f} ms)"
             )
-            if row is None or row["tokens_per_s"] is None:
-                cells.append("—")
-            else:
-                cells.append(f"{row['tokens_per_s']:,.0f} ({row['ms_per_step']:.2f} ms)")
         lines.append(f"| {engine['label']} | " + " | ".join(cells) + " |")
     for skipped in result["skipped"]:
         lines.append(f"| {skipped['engine']} | " + " | ".join("—" for _ in batches) + " |")
-    lines += [
+    return lines
+
+
+def _engine_peer_table(result: dict[str, Any]) -> list[str]:
+    """attnserve's ratios to CTranslate2 and HF and its fraction of the peak, per precision."""
+    batches = result["settings"]["batches"]
+    rows = result["results"]
+    lines = [
         "",
         "attnserve against its peers: ratio to the best CTranslate2 thread split of the same "
         "precision, ratio to HF generate with KV cache, fraction of the fp32 matmul peak "
         "(achieved FLOP/s, encoder included; for int8 a FLOP-equivalent share, as int8 kernels "
         "are not bound by the fp32 peak):",
         "",
-        "| attnserve | " + " | ".join(f"batch {b}" for b in batches) + " |",
-        "|---|" + "---|" * len(batches),
     ]
+    lines += _batch_header("attnserve", batches)
     for precision in ("fp32", "int8"):
         name = f"attnserve-{precision}"
         if not any(r["engine"] == name for r in rows):
             continue
-        cells = []
-        for batch in batches:
-            row = next((r for r in rows if r["engine"] == name and r["batch"] == batch), None)
-            if row is None or row["tokens_per_s"] is None:
-                cells.append("—")
-                continue
-            cells.append(
-                f"{_fmt(row['ratio_to_ctranslate2'], 2, '×')} CT2, "
-                f"{_fmt(row['ratio_to_hf'], 2, '×')} HF, "
-                f"{_fmt(_percent(row['fraction_of_peak']), 1, '%')} peak"
-            )
+        cells = [_peer_cell(_row(rows, name, batch)) for batch in batches]
         lines.append(f"| {precision} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _peer_cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "—"
+    return (
+        f"{_fmt(row['ratio_to_ctranslate2'], 2, '×')} CT2, "
+        f"{_fmt(row['ratio_to_hf'], 2, '×')} HF, "
+        f"{_fmt(_percent(row['fraction_of_peak']), 1, '%')} peak"
+    )
+
+
+def _engine_notes(result: dict[str, Any]) -> list[str]:
+    """The best CTranslate2 split per batch, and the skipped engines with their reasons."""
     best = result["summary"]["by_batch"]
     ct2_notes = []
-    for batch in batches:
+    for batch in result["settings"]["batches"]:
         entry = best.get(str(batch), {})
         splits = [
             f"{p} {entry[f'best_ctranslate2_{p}']['engine'].rsplit('-', 1)[1]}"
@@ -146,25 +183,23 @@ def engine_section(result: dict[str, Any], source: str) -> list[str]:
         ]
         if splits:
             ct2_notes.append(f"batch {batch}: {', '.join(splits)}")
+    lines = []
     if ct2_notes:
         lines += ["", "Best CTranslate2 split (inter × intra): " + "; ".join(ct2_notes) + "."]
     if result["skipped"]:
-        lines += [
-            "",
-            "Skipped: "
-            + "; ".join(f"{s['engine']} ({s['reason']})" for s in result["skipped"])
-            + ".",
-        ]
-    for plot in result.get("plots", []):
-        lines += ["", f"![engine comparison]({plot})"]
+        skipped = "; ".join(f"{s['engine']} ({s['reason']})" for s in result["skipped"])
+        lines += ["", f"Skipped: {skipped}."]
     return lines
 
 
+# --- the serve benchmark ------------------------------------------------------------------------
+
+
 def serve_section(result: dict[str, Any], source: str) -> list[str]:
+    """The serve benchmark's markdown: goals, offline references, closed and open loop."""
     s = result["settings"]
-    tiny = " (TINY configuration: the numbers mean nothing)" if s.get("tiny") else ""
     lines = [
-        f"### Serving over gRPC{tiny}",
+        f"### Serving over gRPC{_tiny_note(result)}",
         "",
         f"Server `attnserve serve` in its own process on loopback, load generator (grpc.aio) in "
         f"another; {s['duration_s']:g} s per load point; translations decode exactly "
@@ -172,17 +207,31 @@ def serve_section(result: dict[str, Any], source: str) -> list[str]:
         "",
         machine_line(result),
         "",
-        "| goal | measured | target | result |",
-        "|---|---|---|---|",
     ]
-    for goal in result["goals"]:
+    lines += _goal_table(result["goals"])
+    lines += _offline_note(result["offline"])
+    lines += _closed_loop_table(result)
+    lines += _open_loop_table(result["points"])
+    lines += _triton_note(result.get("triton"))
+    lines += _perf_analyzer_table(result.get("perf_analyzer"))
+    for plot in result.get("plots", []):
+        lines += ["", f"![{plot}]({plot})"]
+    return lines
+
+
+def _goal_table(goals: list[dict[str, Any]]) -> list[str]:
+    lines = ["| goal | measured | target | result |", "|---|---|---|---|"]
+    for goal in goals:
         verdict = {True: "pass", False: "**FAIL**", None: "not measured"}[goal["passed"]]
         unit = goal.get("unit", "")
         lines.append(
             f"| {goal['name']}: {goal['goal']} | {_fmt(goal['measured'], 3)} {unit} | "
             f"{_fmt(goal.get('target'), 3)} {unit} | {verdict} |"
         )
-    offline = result["offline"]
+    return lines
+
+
+def _offline_note(offline: dict[str, Any]) -> list[str]:
     notes = []
     if "translator" in offline:
         t = offline["translator"]["tokens_per_s"]
@@ -196,9 +245,16 @@ def serve_section(result: dict[str, Any], source: str) -> list[str]:
             "ViT onnxruntime alone: "
             + ", ".join(f"batch {b}: {x:,.0f} img/s" for b, x in v.items())
         )
-    if notes:
-        lines += ["", "Offline references measured in the same run: " + "; ".join(notes) + "."]
-    lines += [
+    if not notes:
+        return []
+    return ["", "Offline references measured in the same run: " + "; ".join(notes) + "."]
+
+
+def _closed_loop_table(result: dict[str, Any]) -> list[str]:
+    """The fixed-workload closed-loop points at the summary concurrencies (and min / max)."""
+    concurrency = result["settings"]["concurrency"]
+    wanted = set(SUMMARY_CONCURRENCY) | {min(concurrency), max(concurrency)}
+    lines = [
         "",
         "Closed loop (throughput; latency p50 / p99; TTFT p50 — streams: first token as the "
         "client sees it, unary: the server's own timing; TPOT p50; errors):",
@@ -207,7 +263,6 @@ def serve_section(result: dict[str, Any], source: str) -> list[str]:
         "| TPOT p50 ms | errors |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    wanted = set(SUMMARY_CONCURRENCY) | {min(s["concurrency"]), max(s["concurrency"])}
     for p in result["points"]:
         if p["loop"] != "closed" or p.get("workload", "fixed") != "fixed":
             continue
@@ -224,25 +279,70 @@ def serve_section(result: dict[str, Any], source: str) -> list[str]:
             f"{_fmt((p.get('ttft_ms') or {}).get('p50'), 1)} | "
             f"{_fmt((p.get('tpot_ms') or {}).get('p50'), 2)} | {p['errors']} |"
         )
-    open_points = [p for p in result["points"] if p["loop"] == "open"]
-    if open_points:
-        lines += [
-            "",
-            "Open loop (Poisson arrivals):",
-            "",
-            "| model | method | setup | offered req/s | achieved req/s "
-            "| latency p50 / p90 / p99 ms | errors |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for p in open_points:
-            lines.append(
-                f"| {p['model']} | {p['method']} | {p['variant']} | {_fmt(p['rate'], 1)} | "
-                f"{p['throughput_rps']:,.1f} | {_fmt(p['latency_ms']['p50'], 1)} / "
-                f"{_fmt(p['latency_ms']['p90'], 1)} / {_fmt(p['latency_ms']['p99'], 1)} | "
-                f"{p['errors']} |"
-            )
-    for plot in result.get("plots", []):
-        lines += ["", f"![{plot}]({plot})"]
+    return lines
+
+
+def _open_loop_table(points: list[dict[str, Any]]) -> list[str]:
+    open_points = [p for p in points if p["loop"] == "open"]
+    if not open_points:
+        return []
+    lines = [
+        "",
+        "Open loop (Poisson arrivals):",
+        "",
+        "| model | method | setup | offered req/s | achieved req/s "
+        "| latency p50 / p90 / p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in open_points:
+        lines.append(
+            f"| {p['model']} | {p['method']} | {p['variant']} | {_fmt(p['rate'], 1)} | "
+            f"{p['throughput_rps']:,.1f} | {_fmt(p['latency_ms']['p50'], 1)} / "
+            f"{_fmt(p['latency_ms']['p90'], 1)} / {_fmt(p['latency_ms']['p99'], 1)} | "
+            f"{p['errors']} |"
+        )
+    return lines
+
+
+def _triton_note(triton: dict[str, Any] | None) -> list[str]:
+    """What the Triton peer was (its rows are ``vit | kserve_infer | triton``), or why not."""
+    if not triton or triton["status"] == "not run":
+        return []
+    if triton["status"] != "measured":
+        return ["", f"Triton peer: {triton['status']} ({triton.get('reason')})."]
+    server = triton["server"]
+    return [
+        "",
+        f"Triton peer, same run: {server.get('name', 'triton')} {server.get('version', '?')} "
+        f"({server.get('runs', '')}; dynamic batcher: max batch {server.get('max_batch_size')}, "
+        f"queue delay {server.get('max_queue_delay_us')} µs, {server.get('intra_op_threads')} "
+        "intra-op threads) serving the same ViT ONNX model; rows `vit | kserve_infer | "
+        "triton` above, attnserve's `vit | kserve_infer | batching` (one RGB image per KServe "
+        "ModelInfer request, the same load generator).",
+    ]
+
+
+def _perf_analyzer_table(perf: dict[str, Any] | None) -> list[str]:
+    """perf_analyzer's runs (server, model, flags, figures), or why it did not run."""
+    if not perf:
+        return []
+    if perf["status"] != "measured":
+        return ["", f"perf_analyzer {perf['version']}: {perf['status']} ({perf.get('reason')})."]
+    lines = [
+        "",
+        f"perf_analyzer {perf['version']} (gRPC, closed loop; mean of its last 3 windows):",
+        "",
+        "| server | model | flags | clients | throughput | latency p50 / p99 ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in perf["runs"]:
+        latency = run.get("latency_ms") or {}
+        flags = " ".join(run["flags"]) or "(none)"
+        lines.append(
+            f"| {run['server']} | {run['model']} | `{flags}` | {run['concurrency']} | "
+            f"{_fmt(run.get('throughput_rps'), 1)} req/s | {_fmt(latency.get('p50'), 1)} / "
+            f"{_fmt(latency.get('p99'), 1)} | {run['errors']} |"
+        )
     return lines
 
 

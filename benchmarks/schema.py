@@ -176,7 +176,11 @@ SERVE_POINT = {
     "properties": {
         "model": STRING,
         "variant": STRING,
-        "method": {"type": "string", "enum": ["translate", "translate_stream", "classify"]},
+        "method": {
+            "type": "string",
+            "enum": ["translate", "translate_stream", "classify", "kserve_infer"],
+        },
+        "server": {"type": "string", "enum": ["attnserve", "triton"]},
         "loop": {"type": "string", "enum": ["closed", "open"]},
         "concurrency": {"type": ["integer", "null"]},
         "rate": OPT_NUMBER,
@@ -189,6 +193,44 @@ SERVE_POINT = {
         "latency_ms": LATENCY,
         "ttft_ms": LATENCY,
         "tpot_ms": LATENCY,
+    },
+}
+
+PERF_RUN = {
+    "type": "object",
+    "required": ["server", "model", "concurrency", "flags", "errors"],
+    "properties": {
+        "server": {"type": "string", "enum": ["attnserve", "triton"]},
+        "model": STRING,
+        "concurrency": {"type": "integer", "minimum": 1},
+        "flags": {"type": "array", "items": STRING},
+        "errors": {"type": "integer", "minimum": 0},
+        "error": OPT_STRING,
+        "throughput_rps": NUMBER,
+        "latency_ms": LATENCY,
+    },
+}
+
+# Optional sections (results written before they existed lack them): a peer or tool that could
+# not run is recorded with its status and the reason.
+PERF_ANALYZER_SECTION = {
+    "type": "object",
+    "required": ["status", "version", "runs"],
+    "properties": {
+        "status": {"type": "string", "enum": ["measured", "skipped", "not requested"]},
+        "reason": OPT_STRING,
+        "version": STRING,
+        "runs": {"type": "array", "items": PERF_RUN},
+    },
+}
+
+TRITON_SECTION = {
+    "type": "object",
+    "required": ["status", "server"],
+    "properties": {
+        "status": {"type": "string", "enum": ["measured", "skipped", "not run"]},
+        "reason": OPT_STRING,
+        "server": {"type": "object"},
     },
 }
 
@@ -232,6 +274,8 @@ SERVE_SCHEMA: dict[str, Any] = {
         },
         "offline": {"type": "object"},
         "points": {"type": "array", "minItems": 1, "items": SERVE_POINT},
+        "perf_analyzer": PERF_ANALYZER_SECTION,
+        "triton": TRITON_SECTION,
         "goals": {"type": "array", "items": GOAL},
     },
 }

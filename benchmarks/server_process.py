@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.machine import process_cpu_seconds, process_tree
+
 
 class ServeProcess:
     """``attnserve serve`` as a child process on a free port; ``stop`` ends it for sure."""
@@ -84,6 +86,24 @@ class ServeProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """The /metrics URL (the server was started with a metrics port)."""
+        if self.metrics_port is None:
+            raise RuntimeError("this server serves no /metrics (started with --metrics-port -1)")
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def processes(self) -> list[int]:
+        """The server's live processes: ``attnserve serve`` and, with ``--frontend-workers N``,
+        its engine and frontend processes."""
+        return process_tree(self.pid) if self.process is not None else []
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds of the server's live processes (None once it has exited)."""
+        seconds = [process_cpu_seconds(pid) for pid in self.processes()]
+        known = [s for s in seconds if s is not None]
+        return sum(known) if known else None
 
     @property
     def pid(self) -> int:

@@ -8,8 +8,9 @@ Starts ``attnserve serve`` on ``--repository`` (the shipped models exported into
 from ``--concurrency`` grpc.aio workers with a mix of Translate (1-3 texts), TranslateStream,
 Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes, translator
 text) calls, every one with a valid request (texts the translator refuses as too long are left
-out of the mix first). Every ``--interval`` seconds it samples the server
-process's resident memory (psutil when installed, else VmRSS from /proc/PID/status).
+out of the mix first). Every ``--interval`` seconds it samples the resident memory of the server
+process and every process under it (VmRSS from /proc, summed: with ``--frontend-workers N`` the
+supervisor, the engine process and the N frontends).
 
 An error is any call that does not end OK, or a greedy answer that differs from the first
 answer the same input got (every input repeats). RSS growth is measured after the warm-up: the
@@ -41,8 +42,9 @@ from typing import Any
 import grpc
 import numpy as np
 
+from benchmarks.machine import process_tree
 from benchmarks.server_process import ServeProcess
-from serving.kserve_tensors import decode_outputs, input_tensor
+from serving.kserve.tensors import decode_outputs, input_tensor
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
@@ -61,18 +63,25 @@ WEIGHTS = (3, 3, 1, 1, 2, 1, 1)  # translation is most of the traffic, as in the
 
 
 # --- the server process ---------------------------------------------------------------------------
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process (psutil when installed, else /proc/PID/status)."""
-    try:
-        import psutil  # type: ignore[import-untyped]
+def _process_rss(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", text, re.M)
+    if match is None:
+        raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+    return int(match.group(1)) * 1024
 
-        return int(psutil.Process(pid).memory_info().rss)
-    except ImportError:
-        text = Path(f"/proc/{pid}/status").read_text()
-        match = re.search(r"^VmRSS:\s+(\d+)\s+kB", text, re.M)
-        if match is None:
-            raise RuntimeError(f"no VmRSS in /proc/{pid}/status") from None
-        return int(match.group(1)) * 1024
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process and its descendants (the supervisor, engine process and
+    frontends of ``--frontend-workers N``), summed; processes that end meanwhile count 0."""
+    total = 0
+    for member in process_tree(pid):
+        try:
+            total += _process_rss(member)
+        except (OSError, RuntimeError):
+            if member == pid:
+                raise
+    return total
 
 
 # --- the traffic ----------------------------------------------------------------------------------
@@ -87,8 +96,8 @@ class Inputs:
 
     @classmethod
     def make(cls, count: int = 64) -> Inputs:
+        from contract.images import encode_png, pixel_values
         from models.data import digits, shapes
-        from models.data.images import encode_png, pixel_values
         from models.data.translation import generate_pairs
 
         pairs = generate_pairs(count, seed=11, split="test")
@@ -260,6 +269,50 @@ def _median_between(samples: list[tuple[float, int]], start: float, end: float) 
     return float(statistics.median(inside))
 
 
+class RssSampler:
+    """A thread sampling a process's resident memory every ``interval`` seconds until stopped.
+
+    ``samples``: (seconds since ``started``, RSS bytes).
+    """
+
+    def __init__(self, pid: int, interval: float, started: float) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.started = started
+        self.samples: list[tuple[float, int]] = []
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._finished.is_set():
+            self.samples.append((time.monotonic() - self.started, rss_bytes(self.pid)))
+            self._finished.wait(self.interval)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._finished.set()
+        self._thread.join(timeout=10)
+
+
+@dataclass
+class SoakRun:
+    """How a finished soak ran (what its report states besides the tally and the samples)."""
+
+    repository: str | None  # None when driving a server started elsewhere
+    address: str
+    elapsed: float
+    warmup: float
+    window: float
+    concurrency: int
+    processes: int
+    max_growth: float
+    distinct_texts: int
+    exit_code: int | None
+
+
 def soak(
     repository: Path,
     duration: float,
@@ -270,6 +323,7 @@ def soak(
     max_growth: float = 0.05,
     address: str | None = None,
     pid: int | None = None,
+    frontend_workers: int = 1,
 ) -> dict[str, Any]:
     """Run the soak; the report (see the module docstring).
 
@@ -283,6 +337,7 @@ def soak(
             the time after the warm-up, at least 3 samples' worth).
         max_growth: the largest RSS growth that passes.
         address, pid: drive an already running server instead (its process id for RSS).
+        frontend_workers: the server's ``--frontend-workers`` (RSS sums all its processes).
     """
     if warmup >= duration:
         raise ValueError(f"warmup ({warmup} s) must be shorter than duration ({duration} s)")
@@ -290,59 +345,62 @@ def soak(
     inputs = Inputs.make()
     server = None
     if address is None:
-        server = ServeProcess(repository, "--metrics-port", "-1", keep_lines=200).start()
+        flags = ("--metrics-port", "-1", "--frontend-workers", str(frontend_workers))
+        server = ServeProcess(repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
     inputs = asyncio.run(usable_texts(address, inputs))
+    processes = len(process_tree(pid))
     tally = Tally()
-    samples: list[tuple[float, int]] = []
     started = time.monotonic()
-    stop_at = started + duration
-    finished = threading.Event()
-
-    def sampler() -> None:
-        while not finished.is_set():
-            samples.append((time.monotonic() - started, rss_bytes(pid)))
-            finished.wait(interval)
-
-    thread = threading.Thread(target=sampler, daemon=True)
-    thread.start()
+    sampler = RssSampler(pid, interval, started).start()
     exit_code = None
     try:
-        asyncio.run(drive(address, inputs, tally, concurrency, stop_at))
+        asyncio.run(drive(address, inputs, tally, concurrency, started + duration))
     finally:
-        finished.set()
-        thread.join(timeout=10)
+        sampler.stop()
         if server is not None:
             exit_code = server.stop()
-    elapsed = time.monotonic() - started
-    baseline = _median_between(samples, warmup - window, warmup)
-    end = _median_between(samples, elapsed - window, elapsed)
+    run = SoakRun(
+        repository=str(repository) if server is not None else None,
+        address=address,
+        elapsed=time.monotonic() - started,
+        warmup=warmup,
+        window=window,
+        concurrency=concurrency,
+        processes=processes,
+        max_growth=max_growth,
+        distinct_texts=len(inputs.texts),
+        exit_code=exit_code,
+    )
+    return soak_report(run, tally, sampler.samples)
+
+
+def soak_report(run: SoakRun, tally: Tally, samples: list[tuple[float, int]]) -> dict[str, Any]:
+    """The JSON report: calls, errors, latency, RSS figures and growth, pass / fail."""
+    elapsed = run.elapsed
+    baseline = _median_between(samples, run.warmup - run.window, run.warmup)
+    end = _median_between(samples, elapsed - run.window, elapsed)
     growth = (end - baseline) / baseline
     errors = sum(tally.errors.values())
     calls = sum(tally.calls.values())
     step = max(1, len(samples) // 120)
-    report = {
-        "repository": str(repository) if server is not None else None,
-        "address": address,
+    return {
+        "repository": run.repository,
+        "address": run.address,
         "duration_s": round(elapsed, 1),
-        "warmup_s": warmup,
-        "window_s": round(window, 1),
-        "concurrency": concurrency,
-        "distinct_texts": len(inputs.texts),
+        "warmup_s": run.warmup,
+        "window_s": round(run.window, 1),
+        "concurrency": run.concurrency,
+        "server_processes": run.processes,
+        "distinct_texts": run.distinct_texts,
         "calls": calls,
         "calls_per_s": round(calls / elapsed, 1),
         "calls_by_kind": dict(tally.calls),
         "errors": errors,
         "errors_by_kind": dict(tally.errors),
         "error_samples": tally.error_samples,
-        "latency_ms": {
-            kind: {
-                "p50": round(_percentile(values, 50) * 1000, 2),
-                "p99": round(_percentile(values, 99) * 1000, 2),
-            }
-            for kind, values in sorted(tally.latency.items())
-        },
+        "latency_ms": _latency_ms(tally),
         "rss_mb": {
             "start": round(samples[0][1] / 2**20, 1),
             "after_warmup": round(baseline / 2**20, 1),
@@ -350,15 +408,24 @@ def soak(
             "max": round(max(rss for _, rss in samples) / 2**20, 1),
         },
         "rss_growth_after_warmup": round(growth, 4),
-        "max_growth": max_growth,
+        "max_growth": run.max_growth,
         "rss_samples_mb": [(round(t, 1), round(rss / 2**20, 1)) for t, rss in samples[::step]],
-        "server_exit_code": exit_code,
-        "passed": errors == 0 and growth <= max_growth,
+        "server_exit_code": run.exit_code,
+        "passed": errors == 0 and growth <= run.max_growth,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return report
+
+
+def _latency_ms(tally: Tally) -> dict[str, dict[str, float]]:
+    return {
+        kind: {
+            "p50": round(_percentile(values, 50) * 1000, 2),
+            "p99": round(_percentile(values, 99) * 1000, 2),
+        }
+        for kind, values in sorted(tally.latency.items())
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", help="drive a running server instead (with --pid)")
     parser.add_argument("--pid", type=int, help="the running server's process id (RSS)")
     parser.add_argument("--out", type=Path, help="also write the JSON report here")
+    parser.add_argument(
+        "--frontend-workers", type=int, default=1, help="the server's gRPC frontend processes"
+    )
     args = parser.parse_args(argv)
     if args.address is None and args.repository == Path("model_repository"):
         from serving.cli import ensure_shipped_repository
@@ -392,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         max_growth=args.max_growth,
         address=args.address,
         pid=args.pid,
+        frontend_workers=args.frontend_workers,
     )
     text = json.dumps(report, indent=2)
     print(text)

@@ -65,7 +65,7 @@ def serve_json(
         repository = Path(request.getfixturevalue("tiny_repository"))
     except pytest.FixtureLookupError:
         from export.exporter import export
-        from tests.serving.conftest import FAST, tiny_sources
+        from tests.repositories import FAST, tiny_sources
 
         repository = tmp_path_factory.mktemp("bench-repository")
         for source in tiny_sources():
@@ -80,6 +80,7 @@ def serve_json(
         str(tmp_path_factory.mktemp("serve-cache")),
         "--repository",
         str(repository),
+        "--perf-analyzer",
     )
 
 
@@ -118,9 +119,14 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     result = _load(serve_json)
     assert result["kind"] == "serve" and result["settings"]["tiny"]
     points = result["points"]
-    assert {p["variant"] for p in points} == {"batching", "no_batching"}
+    assert {p["variant"] for p in points} == {"batching", "no_batching", "two_frontends"}
     assert {p["loop"] for p in points} == {"closed", "open"}
-    assert {p["method"] for p in points} == {"translate", "translate_stream", "classify"}
+    assert {p["method"] for p in points} == {
+        "translate",
+        "translate_stream",
+        "classify",
+        "kserve_infer",
+    }
     assert all(p["errors"] == 0 and p["requests"] > 0 for p in points)
     stream = [p for p in points if p["method"] == "translate_stream" and p["loop"] == "closed"]
     assert all(p["tokens_per_request"] == result["settings"]["new_tokens"] for p in stream)
@@ -129,9 +135,27 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     assert batchings[("no_batching", "vit")]["max_batch_size"] == 1
     assert batchings[("no_batching", "translator")]["in_flight"] is False
     assert batchings[("batching", "translator")]["in_flight"] is True
+    workers = {(v["name"], v["model"]): v["frontend_workers"] for v in result["variants"]}
+    assert workers[("two_frontends", "vit")] == 2 and workers[("batching", "vit")] == 1
+    assert batchings[("two_frontends", "translator")] == batchings[("batching", "translator")]
+    assert result["settings"]["connections"] == 4
     names = {g["name"] for g in result["goals"]}
     assert "overhead_p50_ms[translate]" in names
-    assert "vit_c1_images_per_s[batching]" in names
+    assert "overhead_p50_ms[translate,two_frontends]" in names
+    assert "vit_vs_triton_c1[kserve]" in names
+    kserve = [p for p in points if p["method"] == "kserve_infer"]
+    assert [p["concurrency"] for p in kserve] == [1, 4]
+    assert all(p["server"] == "attnserve" and p["variant"] == "batching" for p in kserve)
+    # A fresh cache has no Python with PyTriton, and --tiny does not create one.
+    assert result["triton"]["status"] == "skipped" and "PyTriton" in result["triton"]["reason"]
+    perf = result["perf_analyzer"]
+    if perf["status"] == "measured":
+        runs = {(r["model"], r["concurrency"]): r for r in perf["runs"]}
+        assert set(runs) == {("vit", 1), ("vit", 4), ("translator", 1), ("translator", 4)}
+        assert all(r["errors"] == 0 and r["throughput_rps"] > 0 for r in runs.values())
+        assert runs[("vit", 1)]["flags"] == [] and "--streaming" in runs[("translator", 1)]["flags"]
+    else:
+        assert perf["status"] == "skipped" and perf["reason"]
     assert set(result["offline"]) == {"translator", "vit"}
     for plot in result["plots"]:
         assert (serve_json.parent / plot).is_file()

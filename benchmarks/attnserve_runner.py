@@ -1,0 +1,208 @@
+"""attnserve in the engine benchmark: our ONNX export of the Marian model, decoded greedily.
+
+``export_attnserve`` exports the random Marian model (``benchmarks.marian``) into a repository
+entry once per precision (cached); ``AttnServeRunner`` loads that entry into ONNX Runtime as the
+server does and decodes with ``fixed_greedy``: the server's encoder call and KV cache (the
+in-place cache, or the growing one of ``decoder.onnx`` for comparison), EOS suppressed, so every
+row decodes exactly ``new_tokens`` tokens like its peers (``benchmarks.peers``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.marian import MarianShape
+from benchmarks.output import log
+from benchmarks.peers import Runner, Unavailable
+
+
+def fixed_greedy(
+    cache: Any, encoded: Any, spec: Any, new_tokens: int, suppress: Sequence[int]
+) -> np.ndarray:
+    """Greedy decoding of exactly ``new_tokens`` tokens per row, ``suppress`` ids never chosen.
+
+    The benchmark counterpart of ``serving.engine.greedy.greedy`` (which stops rows at EOS): the
+    same KV-cache steps (``DecodeCache``), every row decoding to the fixed length.
+
+    Returns:
+        (batch, new_tokens) int64 token ids.
+    """
+    batch = encoded.batch
+    rows = np.concatenate(cache.admit(encoded, [1] * batch))
+    tokens = np.full(batch, spec.decoder_start_id, dtype=np.int64)
+    out = np.empty((batch, new_tokens), dtype=np.int64)
+    banned = np.asarray(list(suppress), dtype=np.int64)
+    try:
+        for step in range(new_tokens):
+            logits = cache.step(rows, tokens, np.full(batch, step, dtype=np.int64))
+            last = np.array(logits, dtype=np.float32)
+            last[:, banned] = -np.inf
+            tokens = last.argmax(-1).astype(np.int64)
+            out[:, step] = tokens
+    finally:
+        cache.release(rows)
+    return out
+
+
+def execution_providers(device: str) -> tuple[str, ...]:
+    """The ONNX Runtime execution providers for ``device`` (cpu | cuda)."""
+    return ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
+
+
+class AttnServeRunner(Runner):
+    """Our exported graphs in ONNX Runtime, through ``Seq2SeqRunner``."""
+
+    def __init__(
+        self,
+        entry: Path,
+        precision: str,
+        new_tokens: int,
+        threads: int,
+        device: str = "cpu",
+        kv_cache: str = "inplace",
+        max_batch: int = 32,
+    ) -> None:
+        import onnxruntime
+
+        from contract.model_config import GeneratorConfig
+        from contract.repository import read_model_config
+
+        providers = execution_providers(device)
+        config = read_model_config(entry)
+        growing = kv_cache == "growing"
+        super().__init__(
+            name=f"attnserve-{precision}" + ("-growing" if growing else ""),
+            family="attnserve",
+            precision=precision,
+            label=f"attnserve ONNX Runtime {precision}" + (", growing cache" if growing else ""),
+            config={
+                "onnxruntime": onnxruntime.__version__,
+                "intra_op_threads": threads,
+                "allow_spinning": True,
+                "providers": list(providers),
+                "entry": str(entry),
+                "kv_cache": kv_cache,
+            },
+        )
+        if (
+            device == "cuda"
+            and "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
+        ):
+            raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        assert isinstance(config, GeneratorConfig)
+        self.runner, self.cache = _decoding(entry, config, threads, providers, kv_cache, max_batch)
+        self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
+        if self.config["kv_cache"] != kv_cache:
+            raise Unavailable(f"{entry} cannot decode with the {kv_cache} KV cache here")
+        self.new_tokens = new_tokens
+        self.spec = config.decoder
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        encoded = self.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        return fixed_greedy(self.cache, encoded, self.spec, self.new_tokens, [self.spec.eos_id])
+
+    def close(self) -> None:
+        del self.runner, self.cache
+
+
+def _decoding(
+    entry: Path,
+    config: Any,
+    threads: int,
+    providers: tuple[str, ...],
+    kv_cache: str,
+    max_batch: int,
+) -> tuple[Any, Any]:
+    """The entry's runner (encoder) and KV cache as the server builds them, tuned for the engine
+    alone on the machine: idle threads may spin, the arena keeps its buffers (the server turns
+    both off), ``max_batch`` cache rows, ``new_tokens`` positions."""
+    from contract.repository import resolve_version
+    from serving.backends.base import BackendError
+    from serving.engine.padded_cache import PaddedKVCache
+    from serving.repository import make_backend
+    from serving.seq2seq import Seq2SeqRunner
+    from serving.served.generator import inplace_cache
+
+    options = replace(
+        config.onnxruntime,
+        intra_op_threads=threads,
+        execution_providers=providers,
+        allow_spinning=True,
+        cpu_memory_arena=True,
+        kv_cache=kv_cache,
+    )
+    batching = replace(config.batching, max_active_sequences=max_batch, in_flight=True)
+    config = replace(config, onnxruntime=options, batching=batching)
+    try:
+        backend = make_backend(config, resolve_version(entry))
+    except BackendError as err:
+        raise Unavailable(str(err)) from err
+    runner = Seq2SeqRunner(backend, config.decoder)
+    cache = inplace_cache(backend, config)
+    if cache is None:
+        cache = PaddedKVCache(runner, max_batch * config.decoder.max_positions)
+    return runner, cache
+
+
+def export_attnserve(
+    marian_dir: Path, cache: Path, shape: MarianShape, precision: str, fast_int8: bool
+) -> Path:
+    """Our repository entry for ``precision`` (exported once into the cache, then reused).
+
+    fp32 and int8 go through ``export()`` with its parity checks. With ``fast_int8`` the int8
+    entry is the fp32 one with its graphs quantised by ``export.precision.quantize_int8`` (what
+    ``export(precision="int8")`` does after a second trace), to keep CI runs short.
+    """
+    from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
+
+    repository = Path(cache) / f"repo-{shape.key()}"
+    name = f"marian-{precision}"
+    entry = repository / name
+    exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
+    if exported and read_manifest(entry / "1").get("format") == REPOSITORY_FORMAT:
+        return entry
+    if precision == "int8" and fast_int8:
+        return _quantised_copy(export_attnserve(marian_dir, cache, shape, "fp32", False), entry)
+    from export.exporter import ExportOptions, export
+    from export.hf import load_hf_directory
+
+    log(f"exporting {marian_dir.name} to ONNX ({precision}) into {repository}")
+    options = ExportOptions(name=name, precision=precision, parity_examples=100, force=True)
+    export(load_hf_directory(marian_dir), repository, options)
+    return entry
+
+
+def _quantised_copy(fp32_entry: Path, entry: Path) -> Path:
+    """``entry``: ``fp32_entry`` with int8-quantised graphs, config and manifest saying so."""
+    from contract.graphs import DECODER_FILE, DECODER_INPLACE_FILE, ENCODER_FILE
+    from contract.repository import read_model_config, write_model_config
+    from export.precision import quantize_int8
+
+    scratch = entry.with_name(entry.name + ".partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    (scratch / "1").mkdir(parents=True)
+    graphs = [
+        g
+        for g in (ENCODER_FILE, DECODER_FILE, DECODER_INPLACE_FILE)
+        if (fp32_entry / "1" / g).is_file()
+    ]
+    for path in (fp32_entry / "1").iterdir():
+        if path.name not in graphs:
+            shutil.copy2(path, scratch / "1" / path.name)
+    for graph in graphs:
+        quantize_int8(fp32_entry / "1" / graph, scratch / "1" / graph)
+    config = replace(read_model_config(fp32_entry), name=entry.name, precision="int8")
+    write_model_config(config, scratch)
+    manifest = json.loads((scratch / "1" / "manifest.json").read_text())
+    manifest.update(name=entry.name, precision="int8", derived_from=str(fp32_entry))
+    (scratch / "1" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(entry, ignore_errors=True)
+    scratch.rename(entry)
+    return entry

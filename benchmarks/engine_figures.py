@@ -1,0 +1,86 @@
+"""Figures derived from the engine benchmark's timed runs: rates, ratios, the per-batch summary.
+
+``derive`` adds to every result row: new tokens/s, ms per decode step (whole batch, encoder
+time amortised), achieved GFLOP/s and the fraction of the fp32 matmul peak, and the ratios to
+the best CTranslate2 thread split of the same precision and to HF ``generate`` with KV cache.
+``summary`` condenses the rows per batch size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.engine_settings import EngineSettings
+
+PRECISIONS = ("fp32", "int8")
+HF_REFERENCE = "hf-generate-kv"
+
+
+def derive(rows: list[dict[str, Any]], settings: EngineSettings, peak_gflops: float) -> None:
+    """tokens/s, ms per step, GFLOP/s, fraction of peak and ratios, per row (in place)."""
+    flops = settings.shape.flops_per_sequence(settings.source_length, settings.new_tokens)
+    for row in rows:
+        _rates(row, settings.new_tokens, flops, peak_gflops)
+    for batch in settings.batches:
+        _ratios([r for r in rows if r["batch"] == batch])
+
+
+def _rates(row: dict[str, Any], new_tokens: int, flops: float, peak_gflops: float) -> None:
+    median = row["median_s"]
+    if not median:
+        row.update(tokens_per_s=None, ms_per_step=None, gflops=None, fraction_of_peak=None)
+        return
+    batch = row["batch"]
+    gflops = batch * flops / median / 1e9
+    row["tokens_per_s"] = round(batch * new_tokens / median, 2)
+    row["ms_per_step"] = round(median / new_tokens * 1000, 4)
+    row["gflops"] = round(gflops, 2)
+    row["fraction_of_peak"] = round(gflops / peak_gflops, 4) if peak_gflops else None
+
+
+def _ratios(same_batch: list[dict[str, Any]]) -> None:
+    """Ratios to the best CTranslate2 split of the row's precision (else fp32) and to HF."""
+    measured = [r for r in same_batch if r["tokens_per_s"]]
+    hf = next((r["tokens_per_s"] for r in measured if r["engine"] == HF_REFERENCE), None)
+    best_ct2 = {
+        precision: max(
+            (
+                r["tokens_per_s"]
+                for r in measured
+                if r["family"] == "ctranslate2" and r["precision"] == precision
+            ),
+            default=None,
+        )
+        for precision in PRECISIONS
+    }
+    for row in same_batch:
+        rate = row["tokens_per_s"]
+        ct2 = best_ct2.get(row["precision"]) or best_ct2.get("fp32")
+        row["ratio_to_ctranslate2"] = round(rate / ct2, 3) if rate and ct2 else None
+        row["ratio_to_hf"] = round(rate / hf, 3) if rate and hf else None
+
+
+def summary(rows: list[dict[str, Any]], settings: EngineSettings) -> dict[str, Any]:
+    """Per batch: tokens/s per engine; best CTranslate2 split per precision; ours vs peers."""
+    by_batch: dict[str, Any] = {}
+    for batch in settings.batches:
+        same = [r for r in rows if r["batch"] == batch and r["tokens_per_s"]]
+        entry: dict[str, Any] = {"tokens_per_s": {r["engine"]: r["tokens_per_s"] for r in same}}
+        for precision in PRECISIONS:
+            ct2 = [r for r in same if r["family"] == "ctranslate2" and r["precision"] == precision]
+            if ct2:
+                best = max(ct2, key=lambda r: r["tokens_per_s"])
+                entry[f"best_ctranslate2_{precision}"] = {
+                    "engine": best["engine"],
+                    "tokens_per_s": best["tokens_per_s"],
+                }
+            ours = next((r for r in same if r["engine"] == f"attnserve-{precision}"), None)
+            if ours is not None:
+                entry[f"attnserve_{precision}"] = {
+                    "tokens_per_s": ours["tokens_per_s"],
+                    "ratio_to_ctranslate2": ours.get("ratio_to_ctranslate2"),
+                    "ratio_to_hf": ours.get("ratio_to_hf"),
+                    "fraction_of_peak": ours.get("fraction_of_peak"),
+                }
+        by_batch[str(batch)] = entry
+    return {"by_batch": by_batch}

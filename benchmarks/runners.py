@@ -1,0 +1,245 @@
+"""The engine benchmark's runners: what to run, and building each one here or in its own process.
+
+``runner_specs`` turns the settings into picklable ``RunnerSpec``s (exporting our model and
+converting CTranslate2's once, into the cache): attnserve per precision, CTranslate2 per
+precision and inter x intra thread split, Hugging Face ``generate`` with and without the KV
+cache. ``build_runners`` builds them, each in its own spawned worker process by default
+(``IsolatedRunner``), so engines share no thread pools, OpenMP runtimes or allocators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.attnserve_runner import AttnServeRunner, export_attnserve
+from benchmarks.engine_settings import EngineSettings
+from benchmarks.output import log
+from benchmarks.peers import (
+    CTranslate2Runner,
+    HFGenerateRunner,
+    Runner,
+    Unavailable,
+    convert_ctranslate2,
+    ctranslate2_available,
+    hf_available,
+    thread_splits,
+)
+
+Skipped = dict[str, str]  # {"engine": name, "reason": why it cannot run here}
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """How to build one runner: picklable, so a worker process can build it."""
+
+    name: str
+    factory: str  # attnserve | ctranslate2 | hf
+    kwargs: dict[str, Any]
+
+
+def make_runner(spec: RunnerSpec) -> Runner:
+    """Build the runner ``spec`` describes (raises Unavailable when it cannot run here)."""
+    if spec.factory == "attnserve":
+        return AttnServeRunner(**spec.kwargs)
+    if spec.factory == "ctranslate2":
+        return CTranslate2Runner(**spec.kwargs)
+    if spec.factory == "hf":
+        return HFGenerateRunner(**spec.kwargs)
+    raise ValueError(f"unknown runner factory {spec.factory!r}")
+
+
+# --- what to run --------------------------------------------------------------------------------
+
+
+def runner_specs(
+    settings: EngineSettings, marian_dir: Path, cache: Path
+) -> tuple[list[RunnerSpec], list[Skipped]]:
+    """What to run (exports and conversions done, cached), and the skipped engines with reasons."""
+    specs: list[RunnerSpec] = []
+    skipped: list[Skipped] = []
+    if "attnserve" in settings.engines:
+        specs += attnserve_specs(settings, marian_dir, cache)
+    if "ctranslate2" in settings.engines:
+        specs += ctranslate2_specs(settings, marian_dir, cache, skipped)
+    if "hf" in settings.engines:
+        specs += hf_specs(settings, marian_dir, skipped)
+    return specs, skipped
+
+
+def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> list[RunnerSpec]:
+    """Our ONNX Runtime runner per precision (each precision exported once into the cache)."""
+    specs = []
+    for precision in settings.precisions:
+        entry = export_attnserve(marian_dir, cache, settings.shape, precision, settings.fast_int8)
+        for kv_cache in ("inplace", "growing"):  # what the server runs, and the fallback
+            kwargs = {
+                "entry": entry,
+                "precision": precision,
+                "new_tokens": settings.new_tokens,
+                "threads": settings.threads,
+                "device": settings.device,
+                "kv_cache": kv_cache,
+                "max_batch": max(settings.batches),
+            }
+            suffix = "" if kv_cache == "inplace" else "-growing"
+            specs.append(RunnerSpec(f"attnserve-{precision}{suffix}", "attnserve", kwargs))
+    return specs
+
+
+def ctranslate2_specs(
+    settings: EngineSettings, marian_dir: Path, cache: Path, skipped: list[Skipped]
+) -> list[RunnerSpec]:
+    """CTranslate2 per precision and thread split (converted once into the cache).
+
+    When CTranslate2 cannot run here, one entry per precision lands in ``skipped`` instead.
+    """
+    from benchmarks.marian import vocabulary
+
+    reason = ctranslate2_available(settings.device)
+    splits = thread_splits(settings.threads) if settings.device == "cpu" else [(1, 1)]
+    specs = []
+    for precision in settings.precisions:
+        if reason is not None:
+            skipped.append({"engine": f"ctranslate2-{precision}", "reason": reason})
+            log(f"skipping ctranslate2-{precision}: {reason}")
+            continue
+        quantization = {"fp32": "float32", "int8": "int8"}[precision]
+        model_dir = convert_ctranslate2(marian_dir, cache, quantization)
+        for inter, intra in splits:
+            kwargs = {
+                "model_dir": model_dir,
+                "vocabulary": vocabulary(settings.shape),
+                "precision": precision,
+                "new_tokens": settings.new_tokens,
+                "inter_threads": inter,
+                "intra_threads": intra,
+                "device": settings.device,
+            }
+            name = f"ctranslate2-{precision}-{inter}x{intra}"
+            specs.append(RunnerSpec(name, "ctranslate2", kwargs))
+    return specs
+
+
+def hf_specs(
+    settings: EngineSettings, marian_dir: Path, skipped: list[Skipped]
+) -> list[RunnerSpec]:
+    """Hugging Face ``generate`` with and without the KV cache (or both in ``skipped``)."""
+    reason = hf_available(settings.device)
+    specs = []
+    for use_cache in (True, False):
+        name = f"hf-generate-{'kv' if use_cache else 'nokv'}"
+        if reason is not None:
+            skipped.append({"engine": name, "reason": reason})
+            continue
+        kwargs = {
+            "marian_dir": marian_dir,
+            "new_tokens": settings.new_tokens,
+            "use_cache": use_cache,
+            "threads": settings.threads,
+            "device": settings.device,
+        }
+        specs.append(RunnerSpec(name, "hf", kwargs))
+    return specs
+
+
+# --- a runner in its own process ----------------------------------------------------------------
+
+
+def _worker(conn: Any, spec: RunnerSpec) -> None:
+    """A worker process: build one runner, then time ``run`` calls on request until "close"."""
+    try:
+        runner = make_runner(spec)
+    except Unavailable as err:
+        conn.send(("unavailable", str(err)))
+        return
+    except Exception as err:  # reported to the parent as this engine's failure
+        conn.send(("unavailable", f"{type(err).__name__}: {err}"))
+        return
+    facts = (runner.name, runner.family, runner.precision, runner.label, runner.config)
+    conn.send(("ready", facts))
+    while True:
+        message = conn.recv()
+        if message[0] == "close":
+            runner.close()
+            return
+        try:
+            elapsed, out = runner.timed_run(message[1])
+            conn.send(("ok", elapsed, out))
+        except Exception as err:
+            conn.send(("error", f"{type(err).__name__}: {err}"))
+
+
+class IsolatedRunner(Runner):
+    """A runner living in its own process (only its engine loaded there); timing is done there."""
+
+    def __init__(self, spec: RunnerSpec, context: Any) -> None:
+        """Start the worker; ``wait_ready`` completes the construction."""
+        parent, child = context.Pipe()
+        self.process = context.Process(target=_worker, args=(child, spec), daemon=True)
+        self.process.start()
+        child.close()
+        self.conn = parent
+        self.spec = spec
+
+    def wait_ready(self) -> IsolatedRunner:
+        """Wait for the worker to have built its engine (raises Unavailable if it could not)."""
+        reply = self.conn.recv()
+        if reply[0] != "ready":
+            self.process.join(10)
+            raise Unavailable(reply[1])
+        name, family, precision, label, config = reply[1]
+        super().__init__(name, family, precision, label, {**config, "process": "isolated"})
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def timed_run(self, ids: np.ndarray) -> tuple[float, np.ndarray]:
+        self.conn.send(("run", ids))
+        reply = self.conn.recv()
+        if reply[0] != "ok":
+            raise RuntimeError(reply[1])
+        return reply[1], reply[2]
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        return self.timed_run(ids)[1]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(("close",))
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+def build_runners(
+    settings: EngineSettings, marian_dir: Path, cache: Path
+) -> tuple[list[Runner], list[Skipped]]:
+    """Every runner the settings ask for that can run here, and the skipped ones with reasons.
+
+    With ``settings.isolate`` each engine runs in its own (spawned) process, so engines do not
+    share thread pools, OpenMP runtimes or allocators; the parent only orchestrates.
+    """
+    import multiprocessing
+
+    specs, skipped = runner_specs(settings, marian_dir, cache)
+    context = multiprocessing.get_context("spawn")
+    # Workers load their engines in parallel; the parent then collects them in order.
+    started = [IsolatedRunner(spec, context) for spec in specs] if settings.isolate else []
+    runners: list[Runner] = []
+    for i, spec in enumerate(specs):
+        try:
+            runner = started[i].wait_ready() if settings.isolate else make_runner(spec)
+        except Unavailable as err:
+            skipped.append({"engine": spec.name, "reason": str(err)})
+            log(f"skipping {spec.name}: {err}")
+            continue
+        runners.append(runner)
+        log(f"loaded {runner.name}" + (" (own process)" if settings.isolate else ""))
+    return runners, skipped

@@ -1,0 +1,104 @@
+"""What one `attnserve bench serve` run measures: ``ServeSettings``, the models and setups.
+
+Setups (how the server batches; ``serve_setups`` writes each one's repository):
+
+- ``batching``: the repository's own configuration (in-flight batching for the translator,
+  Triton-style dynamic batching for the ViT);
+- ``no_inflight``: translator with ``InFlightBatching(in_flight=False)`` (sequences batched up to
+  max_batch_size);
+- ``no_batching``: translator with in_flight=False, max_batch_size=1, max_active_sequences=1;
+  ViT with max_batch_size=1 (dynamic batching off);
+- ``two_frontends``: ``batching``'s configuration served by ``--frontend-workers 2`` (two gRPC
+  frontend processes and one engine process on the same port).
+
+The load generator spreads each point's calls over ``connections`` TCP connections (every setup
+alike), so that the kernel has connections to hand to each frontend process.
+
+Beside the setups (``serve_peers``): the ViT over the KServe protocol on attnserve and on a Triton
+peer serving the same ONNX model, and perf_analyzer runs, at ``peer_concurrency``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends")
+FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
+FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
+MODELS = ("translator", "vit")
+GOAL_CONCURRENCY = 32  # the concurrency (and offline batch size) the throughput goals compare at
+DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
+
+
+@dataclass
+class ServeSettings:
+    """What one serve benchmark run measures."""
+
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    rates: tuple[float, ...] | None = None  # open loop requests/s; None = fractions of the peak
+    rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
+    duration_s: float = 5.0  # per load point
+    warmup_s: float = 1.0  # closed-loop warm-up before each closed-loop point
+    overhead_s: float = 3.0  # concurrency-1 minimal requests for the overhead figure
+    new_tokens: int = 64
+    models: tuple[str, ...] = MODELS
+    setups: tuple[str, ...] = SETUPS
+    connections: int = 4  # TCP connections the load generator spreads each point's calls over
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    device: str = "cpu"
+    offline_repetitions: int = 5
+    # A load point during which other processes used more than this share of the machine's CPU
+    # is discarded (recorded) and measured again, at most ``noise_retries`` times. None: keep.
+    max_foreign_share: float | None = 0.10
+    noise_retries: int = 2
+    text: str = DEFAULT_TEXT
+    language: str | None = None  # default: the translator's first language
+    # Same-run comparisons (serve_peers): attnserve and the Triton peer under one KServe load,
+    # perf_analyzer as a second load generator, at these concurrencies.
+    peer_concurrency: tuple[int, ...] = (1, 8, GOAL_CONCURRENCY)
+    triton: bool = True  # run the Triton peer (PyTriton) on the ViT
+    triton_python: str | None = None  # a Python with PyTriton (default: the cache's peer venv)
+    perf_analyzer: bool = False  # also drive perf_analyzer
+    tiny: bool = False
+
+    @classmethod
+    def tiny_settings(cls, **overrides: Any) -> ServeSettings:
+        """The CI configuration: concurrency 1 and 4, half-second points, 8 new tokens."""
+        base = cls(
+            concurrency=(1, 4),
+            rate_fractions=(0.5,),
+            duration_s=0.3,
+            warmup_s=0.1,
+            overhead_s=0.3,
+            new_tokens=8,
+            setups=("batching", "no_batching", "two_frontends"),
+            offline_repetitions=2,
+            max_foreign_share=None,
+            text="three hundred and twelve",
+            peer_concurrency=(1, 4),
+            tiny=True,
+        )
+        return replace(base, **overrides)
+
+    def check(self) -> None:
+        """Raise ValueError for settings that cannot run."""
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ValueError("--concurrency must list numbers >= 1")
+        if not self.peer_concurrency or min(self.peer_concurrency) < 1:
+            raise ValueError("--peer-concurrency must list numbers >= 1")
+        if self.rates is not None and (not self.rates or min(self.rates) <= 0):
+            raise ValueError("--rates must list rates > 0")
+        if self.connections < 1:
+            raise ValueError("--connections must be >= 1")
+        if self.duration_s <= 0 or self.new_tokens < 1:
+            raise ValueError("--duration must be > 0 and --new-tokens >= 1")
+        unknown = sorted(set(self.models) - set(MODELS))
+        if unknown:
+            raise ValueError(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+        unknown = sorted(set(self.setups) - set(SETUPS))
+        if unknown:
+            raise ValueError(f"unknown setup(s) {unknown}; choose from {list(SETUPS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError("--device must be cpu or cuda")

@@ -1,0 +1,126 @@
+"""The servers `attnserve bench serve` drives: one repository per setup, one server process each.
+
+``shipped_repository`` exports the shipped translator and ViT into the cache (first use only).
+``setup_repository`` writes a copy of it whose config.yaml files carry a setup's batching and
+the benchmark's ONNX Runtime threads and providers (the version folders are symlinked, not
+copied); ``server_process`` starts ``attnserve serve`` on it, on a free loopback port, in a child
+process, so the load generator does not share the server's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.attnserve_runner import execution_providers
+from benchmarks.output import log
+from benchmarks.serve_settings import FRONTEND_WORKERS, MODELS
+from benchmarks.server_process import ServeProcess
+
+# Per setup, the batching fields each model's config.yaml gets (a model missing from a setup is
+# not served in it: the ViT has no in-flight batching to turn off).
+BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
+    "batching": {"translator": {}, "vit": {}},
+    "no_inflight": {"translator": {"in_flight": False}},
+    "no_batching": {
+        "translator": {"in_flight": False, "max_batch_size": 1, "max_active_sequences": 1},
+        "vit": {"max_batch_size": 1, "max_queue_delay_us": 0},
+    },
+    "two_frontends": {"translator": {}, "vit": {}},  # batching's, served by 2 frontend processes
+}
+
+
+def shipped_repository(cache: Path) -> Path:
+    """The shipped translator and ViT, exported into the cache (fp32, as plans/shipped.yaml)."""
+    from contract.repository import CONFIG_FILE
+
+    repository = Path(cache) / "shipped-repository"
+    missing = [m for m in MODELS if not (repository / m / CONFIG_FILE).is_file()]
+    if missing:
+        from export.exporter import ExportOptions, export
+
+        for kind in missing:
+            log(f"exporting the shipped {kind} into {repository} (first use)")
+            export(kind, repository, ExportOptions(force=True))
+    return repository
+
+
+def with_server_onnxruntime(config: Any, threads: int, device: str) -> Any:
+    """``config`` with the benchmark's intra-op threads and execution providers."""
+    onnxruntime = replace(
+        config.onnxruntime,
+        intra_op_threads=threads,
+        execution_providers=execution_providers(device),
+    )
+    return replace(config, onnxruntime=onnxruntime)
+
+
+def setup_repository(
+    source: Path, setup: str, models: tuple[str, ...], threads: int, device: str, root: Path
+) -> tuple[Path, list[dict[str, Any]]]:
+    """ROOT/SETUP: the models' entries with edited config.yaml, version folders symlinked.
+
+    Returns:
+        The repository and one variant record per model (name, model, batching, onnxruntime,
+        the server's frontend_workers).
+    """
+    target = root / setup
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    variants = []
+    for model in models:
+        edits = BATCHING_EDITS[setup].get(model)
+        if edits is None:
+            continue
+        config = _write_entry(source / model, target / model, edits, threads, device)
+        variants.append(
+            {
+                "name": setup,
+                "model": model,
+                "batching": asdict(config.batching),
+                "onnxruntime": {
+                    "intra_op_threads": threads,
+                    "execution_providers": list(execution_providers(device)),
+                },
+                "edits": edits,
+                "frontend_workers": FRONTEND_WORKERS.get(setup, 1),
+            }
+        )
+    return target, variants
+
+
+def _write_entry(
+    entry: Path, target: Path, edits: dict[str, Any], threads: int, device: str
+) -> Any:
+    """``target``: ``entry``'s config with ``edits`` to its batching, its versions symlinked."""
+    from contract.repository import read_model_config, version_dirs, write_model_config
+
+    config: Any = read_model_config(entry)  # a classifier's or a generator's config
+    config = replace(config, batching=replace(config.batching, **edits))
+    config = with_server_onnxruntime(config, threads, device)
+    target.mkdir()
+    write_model_config(config, target)
+    for version in version_dirs(entry):
+        os.symlink((entry / str(version)).resolve(), target / str(version))
+    return config
+
+
+def server_process(repository: Path, frontend_workers: int = 1) -> ServeProcess:
+    """``attnserve serve`` for the load generator: loopback, no metrics port, warnings only,
+    ``frontend_workers`` gRPC frontend processes."""
+    return ServeProcess(
+        repository,
+        "--frontend-workers",
+        str(frontend_workers),
+        "--host",
+        "127.0.0.1",
+        "--metrics-port",
+        "-1",
+        "--log-level",
+        "WARNING",
+        grace=2,
+        keep_lines=200,
+    )
