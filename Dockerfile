@@ -27,6 +27,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 COPY pyproject.toml README.md attnserve_cli.py ./
+COPY contract contract
 COPY models models
 COPY export export
 COPY serving serving
@@ -46,6 +47,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /app
 
 COPY pyproject.toml README.md attnserve_cli.py ./
+COPY contract contract
 COPY models models
 COPY export export
 COPY serving serving

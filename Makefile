@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run eval test setup system-deps lint fmt clean fuzz soak
+.PHONY: run eval test setup system-deps perf-analyzer lint fmt clean fuzz soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ eval: $(STAMP)
 	$(BIN)/attnserve eval vit
 	$(BIN)/attnserve eval captioner
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps perf-analyzer
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -ra
 
@@ -37,24 +37,36 @@ SOAK_SECONDS ?= 600
 NOW := $(shell date -u +%Y%m%dT%H%M%SZ)
 fuzz: $(STAMP)
 	ATTNSERVE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) ATTNSERVE_FUZZ_SUMMARY=benchmarks/results/fuzz-$(NOW).json \
-		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability/test_fuzz.py
+		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/reliability/fuzz
 
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak --duration $(SOAK_SECONDS) --warmup 120 \
 		--out benchmarks/results/soak-$(NOW).json
 
-# Debian tools some tests drive for real: docker-compose (validates docker-compose.yml) and
-# prometheus / promtool (checks the alert rules). Best effort: without root or apt-get those
-# tests skip and say why.
+# Debian tools some tests drive for real: docker-compose (validates docker-compose.yml),
+# prometheus / promtool (checks the alert rules) and libb64 (perf_analyzer links it). Best effort:
+# without root or apt-get those tests skip and say why.
 SYSTEM_TOOLS := docker-compose promtool
+SYSTEM_LIBS := libb64.so.0d
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	for lib in $(SYSTEM_LIBS); do (ldconfig -p 2>/dev/null || /sbin/ldconfig -p) | grep -q $$lib || missing="$$missing $$lib"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing Debian packages for:$$missing"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose prometheus >/dev/null) \
-			|| echo "could not install docker-compose / prometheus: their tests will skip"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose prometheus libb64-0d >/dev/null) \
+			|| echo "could not install docker-compose / prometheus / libb64-0d: their tests will skip"; \
 	else echo "no root / apt-get: tests needing$$missing will skip"; fi
+
+# Triton's perf_analyzer (tests/serving/kserve/test_perf_analyzer.py, `attnserve bench serve
+# --perf-analyzer`): the binary ships in tritonclient 2.40.0, which cannot share the venv with the
+# project's newer tritonclient, so it gets a folder of its own, with the CUDA runtime library it
+# links (no GPU needed). Best effort: without it those tests skip and say why.
+PERF_ANALYZER := $(VENV)/perf_analyzer
+perf-analyzer: $(STAMP)
+	@test -x $(PERF_ANALYZER)/bin/perf_analyzer || $(BIN)/pip install --quiet --no-deps \
+		--target $(PERF_ANALYZER) tritonclient==2.40.0 nvidia-cuda-runtime-cu12==12.9.79 \
+		|| echo "could not install perf_analyzer: its tests will skip"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
