@@ -36,11 +36,9 @@ from models.data import digits, shapes
 from serving.backends.base import BackendError
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from tests.reliability.harness import copy_repository, sample, scrape, wait_until
+from tests.reliability.fault_calls import TOKENS, classify, internal_count, stream, translate
+from tests.reliability.harness import copy_repository, wait_until
 from tests.serving.server_thread import ServerThread
-
-TOKENS = 30
-LONG = pb.DecodingOptions(max_new_tokens=TOKENS, min_new_tokens=TOKENS)
 
 
 class FaultOnce:
@@ -141,37 +139,6 @@ def model(server: ServerThread, name: str) -> Any:
     return server.running.repository.get(name)
 
 
-def stream(stub: pb_grpc.AttnServeStub, text: str) -> tuple[str, list[int], str]:
-    """A TranslateStream to its end: status, tokens, details."""
-    request = pb.TranslateStreamRequest(text=text, target_language="de", options=LONG)
-    tokens: list[int] = []
-    try:
-        for message in stub.TranslateStream(request, timeout=60):
-            tokens += message.token_ids
-        return "OK", tokens, ""
-    except grpc.RpcError as err:
-        return err.code().name, tokens, err.details() or ""
-
-
-def translate(stub: pb_grpc.AttnServeStub, text: str) -> list[int]:
-    request = pb.TranslateRequest(texts=[text], target_language="de", options=LONG)
-    return list(stub.Translate(request, timeout=60).translations[0].token_ids)
-
-
-def classify(stub: pb_grpc.AttnServeStub, image: bytes) -> tuple[str, list[Any], str]:
-    try:
-        reply = stub.Classify(pb.ClassifyRequest(image=image, top_k=3), timeout=60)
-        return "OK", [(s.label, round(s.score, 5)) for s in reply.labels], ""
-    except grpc.RpcError as err:
-        return err.code().name, [], err.details() or ""
-
-
-def internal_count(server: ServerThread, model_name: str) -> float:
-    return sample(
-        scrape(server.metrics_url), "attnserve_requests_total", model=model_name, code="INTERNAL"
-    )
-
-
 def assert_healthy(server: ServerThread, stub: pb_grpc.AttnServeStub) -> None:
     with grpc.insecure_channel(server.address) as channel:
         status = health_pb2_grpc.HealthStub(channel).Check(
@@ -194,7 +161,7 @@ def test_a_failed_decoder_step_fails_its_batch_only(server: ServerThread, stub) 
     caption_reference = list(stub.Caption(pb.CaptionRequest(image=scene), timeout=60).token_ids)
     digit = encode_png(digits.load_digits_split("test")[0][0])
     label_reference = classify(stub, digit)
-    before = internal_count(server, "translator")
+    before = internal_count(server.metrics_url, "translator")
     full_steps = Counter()
 
     def fifth_full_step(rows: int) -> bool:
@@ -224,7 +191,7 @@ def test_a_failed_decoder_step_fails_its_batch_only(server: ServerThread, stub) 
     for text, (code, tokens, _) in zip(TEXTS, outcomes, strict=True):
         if code == "OK":
             assert tokens == reference[text]
-    assert internal_count(server, "translator") - before == 4
+    assert internal_count(server.metrics_url, "translator") - before == 4
     assert_healthy(server, stub)
     assert {text: translate(stub, text) for text in TEXTS} == reference
 
@@ -233,7 +200,7 @@ def test_a_failed_encoder_pass_fails_its_joiners_only(server: ServerThread, stub
     """Two streams decode; the next encoder pass (new joiners) fails: the joiners end INTERNAL,
     the two decoding streams go on to their end."""
     reference = {text: translate(stub, text) for text in TEXTS[:4]}
-    before = internal_count(server, "translator")
+    before = internal_count(server.metrics_url, "translator")
     engine = model(server, "translator").engine
     armed = threading.Event()
     fault = FaultOnce(
@@ -256,7 +223,7 @@ def test_a_failed_encoder_pass_fails_its_joiners_only(server: ServerThread, stub
     failed = [o for o in outcomes[2:] if o[0] != "OK"]
     assert len(failed) == fault.fired_rows and {o[0] for o in failed} == {"INTERNAL"}, outcomes
     assert all("injected fault" in details and not tokens for _, tokens, details in failed)
-    assert internal_count(server, "translator") - before == len(failed)
+    assert internal_count(server.metrics_url, "translator") - before == len(failed)
     assert_healthy(server, stub)
     assert {text: translate(stub, text) for text in TEXTS[:4]} == reference
 
@@ -266,7 +233,7 @@ def test_a_failed_classifier_batch_fails_its_requests_only(server: ServerThread,
     end INTERNAL, the other batches' requests get their labels."""
     images = [encode_png(image) for image in digits.load_digits_split("test")[0][:12]]
     reference = [classify(stub, image) for image in images]
-    before = internal_count(server, "vit")
+    before = internal_count(server.metrics_url, "vit")
     fault = FaultOnce(
         model(server, "vit").backend,
         "run",
@@ -280,6 +247,6 @@ def test_a_failed_classifier_batch_fails_its_requests_only(server: ServerThread,
     assert len(failed) == fault.fired_rows >= 2 and {o[0] for o in failed} == {"INTERNAL"}
     assert all("vit" in details and "injected fault" in details for *_, details in failed)
     assert [o for o, r in zip(outcomes, reference, strict=True) if o[0] == "OK" and o != r] == []
-    assert internal_count(server, "vit") - before == len(failed)
+    assert internal_count(server.metrics_url, "vit") - before == len(failed)
     assert_healthy(server, stub)
     assert [classify(stub, image) for image in images] == reference

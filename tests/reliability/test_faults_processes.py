@@ -20,7 +20,6 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -28,12 +27,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from contract.images import encode_png
 from models.data import digits
-from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from tests.reliability.fault_calls import TOKENS, classify, internal_count, stream, translate
 from tests.reliability.harness import ServeProcess, copy_repository, sample, scrape, wait_until
 
-TOKENS = 30
-LONG = pb.DecodingOptions(max_new_tokens=TOKENS, min_new_tokens=TOKENS)
 TEXTS = [f"{n} three hundred" for n in range(6)]
 
 SITECUSTOMIZE = """
@@ -114,42 +111,6 @@ def stub(server: ServeProcess) -> Iterator[pb_grpc.AttnServeStub]:
         yield pb_grpc.AttnServeStub(channel)
 
 
-def stream(
-    stub: pb_grpc.AttnServeStub, text: str, started: threading.Event | None = None
-) -> tuple[str, list[int], str]:
-    """A TranslateStream to its end (``started`` set at its first tokens): status, tokens,
-    details."""
-    request = pb.TranslateStreamRequest(text=text, target_language="de", options=LONG)
-    tokens: list[int] = []
-    try:
-        for message in stub.TranslateStream(request, timeout=60):
-            tokens += message.token_ids
-            if started is not None and tokens:
-                started.set()
-        return "OK", tokens, ""
-    except grpc.RpcError as err:
-        return err.code().name, tokens, err.details() or ""
-
-
-def translate(stub: pb_grpc.AttnServeStub, text: str) -> list[int]:
-    request = pb.TranslateRequest(texts=[text], target_language="de", options=LONG)
-    return list(stub.Translate(request, timeout=60).translations[0].token_ids)
-
-
-def classify(stub: pb_grpc.AttnServeStub, image: bytes) -> tuple[str, list[Any], str]:
-    try:
-        reply = stub.Classify(pb.ClassifyRequest(image=image, top_k=3), timeout=60)
-        return "OK", [(s.label, round(s.score, 5)) for s in reply.labels], ""
-    except grpc.RpcError as err:
-        return err.code().name, [], err.details() or ""
-
-
-def internal_count(server: ServeProcess, model_name: str) -> float:
-    return sample(
-        scrape(server.metrics_url), "attnserve_requests_total", model=model_name, code="INTERNAL"
-    )
-
-
 def assert_healthy(server: ServeProcess) -> None:
     with grpc.insecure_channel(server.address) as channel:
         status = health_pb2_grpc.HealthStub(channel).Check(
@@ -177,7 +138,7 @@ def test_a_failed_decoder_step_fails_its_batch_only(
     reference = {text: translate(stub, text) for text in TEXTS}
     digit = encode_png(digits.load_digits_split("test")[0][0])
     label_reference = classify(stub, digit)
-    before = internal_count(server, "translator")
+    before = internal_count(server.metrics_url, "translator")
     started = [threading.Event() for _ in TEXTS]
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(stream, stub, t, e) for t, e in zip(TEXTS, started, strict=True)]
@@ -195,7 +156,7 @@ def test_a_failed_decoder_step_fails_its_batch_only(
     for text, (code, tokens, _) in zip(TEXTS, outcomes, strict=True):
         if code == "OK":
             assert tokens == reference[text]
-    assert internal_count(server, "translator") - before == 4
+    assert internal_count(server.metrics_url, "translator") - before == 4
     assert_healthy(server)
     assert {text: translate(stub, text) for text in TEXTS} == reference
 
@@ -206,7 +167,7 @@ def test_a_failed_encoder_pass_fails_its_joiners_only(
     """Two streams decode; the next encoder pass (two joiners) fails: the joiners end INTERNAL
     with no tokens, the two decoding streams go on to their end."""
     reference = {text: translate(stub, text) for text in TEXTS[:4]}
-    before = internal_count(server, "translator")
+    before = internal_count(server.metrics_url, "translator")
     started = [threading.Event(), threading.Event()]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = [pool.submit(stream, stub, t, e) for t, e in zip(TEXTS, started, strict=False)]
@@ -220,7 +181,7 @@ def test_a_failed_encoder_pass_fails_its_joiners_only(
     failed = [o for o in outcomes[2:] if o[0] != "OK"]
     assert failed and {o[0] for o in failed} == {"INTERNAL"}, outcomes
     assert all("injected fault" in details and not tokens for _, tokens, details in failed)
-    assert internal_count(server, "translator") - before == len(failed)
+    assert internal_count(server.metrics_url, "translator") - before == len(failed)
     assert_healthy(server)
     assert {text: translate(stub, text) for text in TEXTS[:4]} == reference
 
@@ -232,11 +193,11 @@ def test_a_failed_classifier_batch_fails_its_requests_only(
     cause, the next one gets its label."""
     image = encode_png(digits.load_digits_split("test")[0][1])
     reference = classify(stub, image)
-    before = internal_count(server, "vit")
+    before = internal_count(server.metrics_url, "vit")
     arm(triggers, "classifier")
     code, _, details = classify(stub, image)
     assert fired(triggers, "classifier")
     assert code == "INTERNAL" and "vit" in details and "injected fault" in details, details
-    assert internal_count(server, "vit") - before == 1
+    assert internal_count(server.metrics_url, "vit") - before == 1
     assert_healthy(server)
     assert classify(stub, image) == reference
