@@ -219,3 +219,25 @@ def test_peer_goals_that_could_not_run_say_why() -> None:
         "vit_c1_images_per_s[batching]",
         "vit_c1_images_per_s[no_batching]",
     )
+
+
+def test_the_better_frontend_worker_count_is_judged_when_both_ran() -> None:
+    points, offline = synthetic_run()
+    names = {g["name"] for g in evaluate_goals(points, offline)}
+    assert "translator_served_vs_offline_c32[best_frontend_workers]" not in names  # one count
+    two = _point(
+        "translator",
+        "two_frontends",
+        "translate_stream",
+        loop="closed",
+        concurrency=32,
+        tokens_per_s=5500.0,
+    )
+    goals = {g["name"]: g for g in evaluate_goals([*points, two], offline)}
+    best = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
+    # batching (one frontend) served 8000 of 10000 offline, two frontends 5500: one wins.
+    assert (best["measured"], best["frontend_workers"], best["passed"]) == (0.8, 1, True)
+    slower = {**points[1], "tokens_per_s": 5000.0}  # the batching setup's 32-stream point
+    goals = {g["name"]: g for g in evaluate_goals([points[0], slower, *points[2:], two], offline)}
+    best = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
+    assert (best["measured"], best["frontend_workers"], best["passed"]) == (0.55, 2, False)
