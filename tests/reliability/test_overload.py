@@ -12,7 +12,8 @@ whatever the servicer does). Asserted:
 
 - every request ends exactly once, OK or RESOURCE_EXHAUSTED (with a message), and the server's
   ``attnserve_requests_total`` counts the same numbers;
-- rejections are fast: their p99 is within ``REJECT_BOUND_S`` (10 ms) of the control calls' p99
+- rejections are fast: their p99 (and median) is within ``REJECT_BOUND_S`` (10 ms) of the control
+  calls' p99 (median)
   (a full queue costs no more than a malformed request: the servicer refuses at once, it never
   waits for capacity); the absolute figures are reported: they are mostly the transport's floor,
   which grows with the burst and with whatever else holds the machine's cores. With separate
@@ -22,7 +23,8 @@ whatever the servicer does). Asserted:
 - paced overload (then one call every 2 ms, 500/s, several times what the model serves, so no
   call waits behind a burst): rejections arrive within 10 ms at the median, p99 within
   ``PACED_P99_S`` (slack for a busy machine; the figures are reported);
-- admitted requests all complete, their p99 under ``ADMITTED_P99_S`` (a liveness bound);
+- admitted requests all complete, their p99 under ``ADMITTED_P99_S`` (a liveness bound), and
+  each burst admits at least a full queue;
 - a request that could never fit (beam wider than the KV-cache capacity) is refused at once.
 
 The figures go to ``overload_summary.json`` in pytest's base temp directory and are printed.
@@ -185,7 +187,7 @@ def overload(
     frontends = int(server.command[server.command.index("--frontend-workers") + 1])
     bound = REJECT_BOUND_S + (IPC_HOP_S if frontends > 1 else 0.0)
     assert percentile(reject_s, 99) <= percentile(control_s, 99) + bound, figures
-    assert percentile(reject_s, 50) <= percentile(control_s, 50) + REJECT_BOUND_S, figures
+    assert percentile(reject_s, 50) <= percentile(control_s, 50) + bound, figures
     assert percentile(paced_rejected, 50) <= REJECT_BOUND_S, figures
     assert percentile(paced_rejected, 99) <= PACED_P99_S, figures
     assert percentile(admitted_s, 99) <= ADMITTED_P99_S, figures
@@ -206,7 +208,10 @@ def test_translator_overload(server: ServeProcess) -> None:
 
     capacity = TRANSLATOR["max_active_sequences"] + TRANSLATOR["max_queue_size"]
     figures = overload(server, "translator", "Translate", capacity, translate, invalid)
-    assert figures["ok"] >= BURSTS * capacity
+    # Each burst fills the queue at least; whether the decode rows also fill during the burst
+    # depends on the engine thread running while the burst arrives (a 2-core CI run once
+    # admitted 15 of 4 x 4: one burst came in entirely before the engine took its first two).
+    assert figures["ok"] >= BURSTS * TRANSLATOR["max_queue_size"]
 
 
 def test_vit_overload(server: ServeProcess) -> None:
