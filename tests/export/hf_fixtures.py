@@ -35,6 +35,31 @@ def randomise(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
             param.add_(torch.randn(param.shape, generator=generator) * scale)
 
 
+def tiny_marian_config(vocab_size: int, pad: int, eos: int, **overrides: Any) -> Any:
+    """A 2+2-layer, d_model 32 ``MarianConfig`` (the tests' tiny Marian; ``overrides`` win)."""
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": vocab_size,
+        "d_model": 32,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "max_position_embeddings": 64,
+        "activation_function": "swish",
+        "scale_embedding": True,
+        "pad_token_id": pad,
+        "eos_token_id": eos,
+        "decoder_start_token_id": pad,
+        "forced_eos_token_id": None,
+        "dropout": 0.0,
+    }
+    return transformers.MarianConfig(**{**fields, **overrides})
+
+
 def _sentencepiece(texts: list[str], path: Path, vocab_size: int) -> None:
     """Train a unigram SentencePiece model (Marian's kind) on ``texts`` into ``path``."""
     import sentencepiece
@@ -121,24 +146,7 @@ def save_marian(directory: Path, seed: int = 0) -> Path:
 
     vocab = save_marian_tokenizer(directory, seed)
     pad, eos = vocab["<pad>"], vocab["</s>"]
-    config = transformers.MarianConfig(
-        vocab_size=len(vocab),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        activation_function="swish",
-        scale_embedding=True,
-        pad_token_id=pad,
-        eos_token_id=eos,
-        decoder_start_token_id=pad,
-        forced_eos_token_id=eos,
-        dropout=0.0,
-    )
+    config = tiny_marian_config(len(vocab), pad, eos, forced_eos_token_id=eos)
     torch.manual_seed(seed)
     model = transformers.MarianMTModel(config)
     randomise(model, seed + 1)

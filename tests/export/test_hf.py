@@ -19,7 +19,12 @@ from export.hf.weights import current_param_name  # noqa: E402
 from export.sources import load_source  # noqa: E402
 from models.generation import greedy_generate  # noqa: E402
 from models.layers import sinusoidal_table  # noqa: E402
-from tests.export.hf_fixtures import save_marian_tokenizer, save_word_tokenizer  # noqa: E402
+from tests.export.hf_fixtures import (  # noqa: E402
+    randomise,
+    save_marian_tokenizer,
+    save_word_tokenizer,
+    tiny_marian_config,
+)
 
 TOLERANCE = 1e-4
 MARIAN_PAD, MARIAN_EOS, MARIAN_VOCAB = 63, 0, 64
@@ -33,14 +38,6 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @torch.no_grad()
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    """Move every weight off its init (norms included) so a wrong mapping cannot pass."""
-    generator = torch.Generator().manual_seed(seed)
-    for name, param in model.named_parameters():
-        if "embed_positions" not in name:  # Marian's fixed sinusoidal table
-            param.add_(torch.randn(param.shape, generator=generator) * 0.2)
-
-
 def _save(model: torch.nn.Module, directory: Path) -> Path:
     model.save_pretrained(directory, safe_serialization=True)
     if isinstance(model, transformers.MarianMTModel):
@@ -51,28 +48,10 @@ def _save(model: torch.nn.Module, directory: Path) -> Path:
 
 
 def _marian(**overrides) -> torch.nn.Module:
-    config = transformers.MarianConfig(
-        vocab_size=MARIAN_VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        activation_function="swish",
-        scale_embedding=True,
-        pad_token_id=MARIAN_PAD,
-        eos_token_id=MARIAN_EOS,
-        decoder_start_token_id=MARIAN_PAD,
-        forced_eos_token_id=None,
-        dropout=0.0,
-        **overrides,
-    )
+    config = tiny_marian_config(MARIAN_VOCAB, MARIAN_PAD, MARIAN_EOS, **overrides)
     torch.manual_seed(0)
     model = transformers.MarianMTModel(config)
-    _randomise(model, 1)
+    randomise(model, 1)
     with torch.no_grad():
         model.final_logits_bias.normal_(generator=torch.Generator().manual_seed(2))
     model.generation_config.max_length = 17  # -> 16 new tokens: short parity runs
@@ -111,7 +90,7 @@ def _vit_classifier(qkv_bias: bool = True) -> torch.nn.Module:
     )
     torch.manual_seed(0)
     model = transformers.ViTForImageClassification(config)
-    _randomise(model, 3)
+    randomise(model, 3)
     return model.eval()
 
 
@@ -138,7 +117,7 @@ def _captioner(decoder_overrides: dict | None = None) -> torch.nn.Module:
     config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 1, 0, 2
     torch.manual_seed(0)
     model = transformers.VisionEncoderDecoderModel(config=config)
-    _randomise(model, 4)
+    randomise(model, 4)
     model.generation_config.max_length = 13
     return model.eval()
 
