@@ -68,7 +68,11 @@ class AttnServeRunner(Runner):
         device: str = "cpu",
         kv_cache: str = "inplace",
         max_batch: int = 32,
+        instances: int = 1,
     ) -> None:
+        """With ``instances`` > 1: that many engines of ``threads // instances`` threads, each
+        decoding its share of the batch at the same time (the server's ``batching.instances``:
+        its requests spread over the instances)."""
         import onnxruntime
 
         from contract.model_config import GeneratorConfig
@@ -77,14 +81,19 @@ class AttnServeRunner(Runner):
         providers = execution_providers(device)
         config = read_model_config(entry)
         growing = kv_cache == "growing"
+        per_instance = max(1, threads // instances)
+        split = f"-{instances}x{per_instance}" if instances > 1 else ""
         super().__init__(
-            name=f"attnserve-{precision}" + ("-growing" if growing else ""),
+            name=f"attnserve-{precision}" + ("-growing" if growing else "") + split,
             family="attnserve",
             precision=precision,
-            label=f"attnserve ONNX Runtime {precision}" + (", growing cache" if growing else ""),
+            label=f"attnserve ONNX Runtime {precision}"
+            + (", growing cache" if growing else "")
+            + (f", {instances} instances x {per_instance} thread" if instances > 1 else ""),
             config={
                 "onnxruntime": onnxruntime.__version__,
-                "intra_op_threads": threads,
+                "instances": instances,
+                "intra_op_threads": per_instance,
                 "allow_spinning": True,
                 "providers": list(providers),
                 "entry": str(entry),
@@ -97,7 +106,11 @@ class AttnServeRunner(Runner):
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         assert isinstance(config, GeneratorConfig)
-        self.runner, self.cache = _decoding(entry, config, threads, providers, kv_cache, max_batch)
+        self.instances = [
+            _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
+            for _ in range(instances)
+        ]
+        self.runner, self.cache = self.instances[0]
         self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
         if self.config["kv_cache"] != kv_cache:
             raise Unavailable(f"{entry} cannot decode with the {kv_cache} KV cache here")
@@ -105,11 +118,23 @@ class AttnServeRunner(Runner):
         self.spec = config.decoder
 
     def run(self, ids: np.ndarray) -> np.ndarray:
-        encoded = self.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        return fixed_greedy(self.cache, encoded, self.spec, self.new_tokens, [self.spec.eos_id])
+        if len(self.instances) == 1 or len(ids) == 1:
+            return self._decode(self.runner, self.cache, ids)
+        from concurrent.futures import ThreadPoolExecutor
+
+        shares = np.array_split(ids, min(len(self.instances), len(ids)))
+        with ThreadPoolExecutor(len(shares)) as pool:
+            runners = [runner for runner, _ in self.instances]
+            caches = [cache for _, cache in self.instances]
+            outputs = pool.map(self._decode, runners, caches, shares)
+            return np.concatenate(list(outputs))
+
+    def _decode(self, runner: Any, cache: Any, ids: np.ndarray) -> np.ndarray:
+        encoded = runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+        return fixed_greedy(cache, encoded, self.spec, self.new_tokens, [self.spec.eos_id])
 
     def close(self) -> None:
-        del self.runner, self.cache
+        del self.runner, self.cache, self.instances
 
 
 def _decoding(

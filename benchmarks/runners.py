@@ -88,6 +88,11 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
             }
             suffix = "" if kv_cache == "inplace" else "-growing"
             specs.append(RunnerSpec(f"attnserve-{precision}{suffix}", "attnserve", kwargs))
+            if kv_cache == "inplace" and settings.threads > 1 and settings.device == "cpu":
+                # batching.instances: one engine per thread, as CTranslate2's N x 1 split
+                split = {**kwargs, "instances": settings.threads}
+                name = f"attnserve-{precision}-{settings.threads}x1"
+                specs.append(RunnerSpec(name, "attnserve", split))
     return specs
 
 

@@ -75,9 +75,13 @@ class InFlightBatching:
     in_flight: bool = True
     max_active_sequences: int = 64  # KV-cache capacity in decode rows (beams count each)
     token_budget: int = 4096  # decode rows + encoder tokens of joiners in one step
+    # Engine instances (Triton's instance_group, CTranslate2's inter_threads): each has its own
+    # sessions, KV cache, queue and decode thread, with the limits above; a request goes to the
+    # least busy one. intra_op_threads 0 then means the cores divided among the instances.
+    instances: int = 1
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "max_batch_size", "max_active_sequences", "token_budget")
+        _at_least_one(self, "max_batch_size", "max_active_sequences", "token_budget", "instances")
         _not_negative(self, "max_queue_size", "timeout_ms")
 
     @property
@@ -241,6 +245,11 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         if self.input == "image" and self.image is None:
             raise ValueError("a model with image input needs an `image` section")
+        if self.batching.instances > 1 and self.backend != "onnxruntime":
+            raise ValueError(
+                f"batching.instances {self.batching.instances} needs backend onnxruntime "
+                f"(got {self.backend}); set instances to 1"
+            )
 
 
 ModelConfig = ClassifierConfig | GeneratorConfig

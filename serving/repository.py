@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from contract.graphs import DECODER, ENCODER, INPLACE_GRAPH_FILES, graph_files
@@ -56,6 +58,24 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
                 files.get(DECODER),
             )
     return OnnxRuntimeBackend(version_dir, files, config.onnxruntime)
+
+
+def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
+    """One backend per engine instance (``batching.instances`` of a generator, else one).
+
+    With several instances and ``onnxruntime.intra_op_threads`` 0, each instance's sessions get
+    the usable cores divided among the instances (at least 1).
+
+    Raises:
+        BackendError: the backend is not available here or the graphs do not load.
+    """
+    if not isinstance(config, GeneratorConfig) or config.batching.instances == 1:
+        return [make_backend(config, version_dir)]
+    instances = config.batching.instances
+    if config.onnxruntime.intra_op_threads == 0:
+        threads = max(1, len(os.sched_getaffinity(0)) // instances)
+        config = replace(config, onnxruntime=replace(config.onnxruntime, intra_op_threads=threads))
+    return [make_backend(config, version_dir) for _ in range(instances)]
 
 
 class ModelRepository:
@@ -113,8 +133,8 @@ class ModelRepository:
                     )
                 version_dir = resolve_version(entry)
                 if factory is None:
-                    backend = make_backend(config, version_dir)
-                    models[config.name] = serve(config, version_dir, backend, metrics)
+                    first, *more = make_backends(config, version_dir)
+                    models[config.name] = serve(config, version_dir, first, metrics, more)
                 else:
                     models[config.name] = factory(config, version_dir)
             except (SchemaError, BackendError, OSError, ValueError) as err:

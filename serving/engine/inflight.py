@@ -132,6 +132,10 @@ class InFlightEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (tests and benchmarks read it)
+        # One of several instances of the model (``EnginePool``): its gauges are summed there.
+        self.instance = 0
+        self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
+        self.gauge_board: Any = None  # serving.engine.pool.GaugeBoard
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -161,6 +165,11 @@ class InFlightEngine:
     @property
     def active_rows(self) -> int:
         return self.cache.rows
+
+    @property
+    def waiting_rows(self) -> int:
+        """Rows of the requests that wait or are being admitted (their encoder pass runs)."""
+        return self.queue.rows + self._joining_rows
 
     # --- the caller's side ----------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
@@ -257,14 +266,13 @@ class InFlightEngine:
 
     def _admit(self, joiners: list[GenerationRequest]) -> None:
         started = self.clock()
+        self._joining_rows = sum(request.rows for request in joiners)
         try:
-            encoded = self._encode(joiners)
-        except Exception as err:  # this encoder batch fails alone; the decode batch goes on
-            cause = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
-            for request in joiners:  # they left the queue: an event is all they will ever get
-                self._outbox.post(request, ErrorEvent(Internal(f"model {self.name!r}: {cause}")))
+            rows = self._encode_into_cache(joiners)
+        finally:
+            self._joining_rows = 0
+        if rows is None:
             return
-        rows = self.cache.admit(encoded, [request.rows for request in joiners])
         now = self.clock()
         self._observe("compute_time", now - started, stage="encoder")
         self._observe("batch_size", len(joiners), stage="encoder")
@@ -274,6 +282,18 @@ class InFlightEngine:
             seq.rows = request_rows
             self._observe("queue_time", now - request.arrival)
             self.sequences.append(seq)
+
+    def _encode_into_cache(self, joiners: list[GenerationRequest]) -> list[np.ndarray] | None:
+        """The joiners' cache rows, after their encoder pass; None when that pass failed (then
+        they alone fail; the decode batch goes on)."""
+        try:
+            encoded = self._encode(joiners)
+        except Exception as err:
+            cause = str(err) if isinstance(err, BackendError) else f"{type(err).__name__}: {err}"
+            for request in joiners:  # they left the queue: an event is all they will ever get
+                self._outbox.post(request, ErrorEvent(Internal(f"model {self.name!r}: {cause}")))
+            return None
+        return self.cache.admit(encoded, [request.rows for request in joiners])
 
     def _encode(self, joiners: list[GenerationRequest]) -> Encoded:
         if joiners[0].source_ids is not None:
@@ -401,15 +421,20 @@ class InFlightEngine:
 
     def _gauge_queue(self) -> None:
         if self.metrics is not None:
-            self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+            self._set("queue_depth", len(self.queue))
 
     def _gauges(self) -> None:
         if self.metrics is None:
             return
         tokens = self.cache.tokens
-        self.metrics.active_sequences.labels(self.name).set(len(self.sequences))
-        self.metrics.kv_cache_tokens.labels(self.name).set(tokens)
-        self.metrics.kv_cache_usage.labels(self.name).set(tokens / self.cache.capacity_tokens)
+        self._set("active_sequences", len(self.sequences))
+        self._set("kv_cache_tokens", tokens)
+        self._set("kv_cache_usage", tokens / self.cache.capacity_tokens)
+
+    def _set(self, gauge: str, value: float) -> None:
+        if self.gauge_board is not None:  # the model's value: all its instances together
+            value = self.gauge_board.update(self.instance, gauge, value)
+        getattr(self.metrics, gauge).labels(self.name).set(value)
 
 
 def _deadline_error(name: str) -> DeadlineExceeded:

@@ -77,6 +77,12 @@ class AdmissionQueue(Generic[R]):
     def __len__(self) -> int:
         return len(self._waiting)
 
+    @property
+    def rows(self) -> int:
+        """Decode rows the waiting requests will take (a beam per row)."""
+        with self._lock:
+            return sum(request.rows for request in self._waiting)
+
     def offer(self, request: R) -> bool:
         """Queue ``request``; False when full (the caller answers RESOURCE_EXHAUSTED)."""
         with self._lock:

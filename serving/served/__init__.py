@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from contract.model_config import ClassifierConfig, ModelConfig
@@ -32,8 +33,10 @@ def serve(
     version_dir: Path,
     backend: Backend,
     metrics: ServingMetrics | None = None,
+    more_backends: Sequence[Backend] = (),
 ) -> ServedModel:
-    """The served model of a repository entry's kind (not started yet)."""
+    """The served model of a repository entry's kind (not started yet); ``more_backends``: a
+    generator's further engine instances."""
     if isinstance(config, ClassifierConfig):
         return ServedClassifier(config, version_dir, backend, metrics)
-    return ServedGenerator(config, version_dir, backend, metrics)
+    return ServedGenerator(config, version_dir, backend, metrics, more_backends=more_backends)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +23,7 @@ from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.onnxruntime_io import InPlaceDecoder
 from serving.engine.inflight import InFlightEngine
 from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.pool import EnginePool, GaugeBoard
 from serving.engine.requests import (
     ErrorEvent,
     Event,
@@ -99,6 +100,21 @@ def local_engine(
     )
 
 
+def local_engines(
+    config: GeneratorConfig, backends: Sequence[Backend], metrics: ServingMetrics | None
+) -> InFlightEngine | EnginePool:
+    """One engine per backend: the engine itself for one, else a pool summing their gauges."""
+    if len(backends) == 1:
+        return local_engine(config, backends[0], metrics)
+    board = GaugeBoard(len(backends))
+    engines = []
+    for instance, backend in enumerate(backends):
+        engine = local_engine(config, backend, metrics)
+        engine.instance, engine.gauge_board = instance, board
+        engines.append(engine)
+    return EnginePool(engines)
+
+
 class GenerationEngine(Protocol):
     """What a served generator needs from its engine: the in-process ``InFlightEngine``, or a
     frontend's handle on the engine process (``serving.multiprocess.remote.RemoteEngine``)."""
@@ -127,6 +143,7 @@ class ServedGenerator:
         backend: the graphs; the engine is built on them (None with ``engine``).
         metrics: where the engine records.
         engine: an engine that runs elsewhere (a frontend process's handle on the engine).
+        more_backends: the graphs of further engine instances (``batching.instances``).
     """
 
     def __init__(
@@ -137,6 +154,7 @@ class ServedGenerator:
         metrics: ServingMetrics | None = None,
         *,
         engine: GenerationEngine | None = None,
+        more_backends: Sequence[Backend] = (),
     ) -> None:
         self.config = config
         self.name = config.name
@@ -163,9 +181,14 @@ class ServedGenerator:
             if config.image is not None and config.input == "image"
             else None
         )
-        self.engine: GenerationEngine = engine or local_engine(config, backend, metrics)
-        local = isinstance(self.engine, InFlightEngine)
-        inplace = local and isinstance(self.engine.cache, InPlaceKVCache)  # type: ignore[attr-defined]
+        if engine is None:
+            if backend is None:
+                raise ValueError(f"model {config.name!r}: a local engine needs the backend")
+            engine = local_engines(config, [backend, *more_backends], metrics)
+        self.engine: GenerationEngine = engine
+        first = engine.engines[0] if isinstance(engine, EnginePool) else engine
+        local = isinstance(first, InFlightEngine)
+        inplace = local and isinstance(first.cache, InPlaceKVCache)  # type: ignore[attr-defined]
         self.kv_cache = ("inplace" if inplace else "growing") if local else "remote"
 
     # --- lifecycle ------------------------------------------------------------------------------

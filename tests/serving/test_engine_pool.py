@@ -1,0 +1,177 @@
+"""``batching.instances``: several in-flight engines of one model behind one gRPC server.
+
+A real server on loopback serves the tiny translator twice: with one engine and with two
+instances. The instances answer token for token what one engine answers, share the load,
+free their rows, and the model's gauges are summed over them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from contract.model_config import GeneratorConfig
+from contract.repository import read_model_config
+from serving.engine.pool import EnginePool, GaugeBoard
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from tests.reliability.harness import copy_repository, sample, scrape, wait_until
+from tests.serving.server_thread import ServerThread
+
+TEXTS = [f"{n} three hundred and {n}" for n in range(24)]
+OPTIONS = pb.DecodingOptions(max_new_tokens=12)
+LIMITS = {"max_active_sequences": 4, "max_batch_size": 4}
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerThread, ServerThread]]:
+    one = copy_repository(
+        tiny_repository,
+        tmp_path_factory.mktemp("one") / "repository",
+        translator={"batching": LIMITS},
+    )
+    two = copy_repository(
+        tiny_repository,
+        tmp_path_factory.mktemp("two") / "repository",
+        translator={"batching": {**LIMITS, "instances": 2}},
+    )
+    with ServerThread(one) as first, ServerThread(two) as second:
+        yield first, second
+
+
+def translate_all(server: ServerThread) -> list[list[int]]:
+    """Every text of TEXTS at once (one call each), token ids in TEXTS' order."""
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+
+        def one(text: str) -> list[int]:
+            request = pb.TranslateRequest(texts=[text], target_language="de", options=OPTIONS)
+            return list(stub.Translate(request, timeout=60).translations[0].token_ids)
+
+        with concurrent.futures.ThreadPoolExecutor(len(TEXTS)) as pool:
+            return list(pool.map(one, TEXTS))
+
+
+def pool_of(server: ServerThread) -> EnginePool:
+    assert server.running is not None
+    engine = server.running.repository.get("translator").engine
+    assert isinstance(engine, EnginePool)
+    return engine
+
+
+def test_two_instances_answer_what_one_engine_answers(
+    servers: tuple[ServerThread, ServerThread],
+) -> None:
+    one, two = servers
+    assert translate_all(two) == translate_all(one)
+    pool = pool_of(two)
+    assert len(pool.engines) == 2
+    assert all(engine.steps > 0 for engine in pool.engines)  # both took a share of the load
+    assert wait_until(lambda: pool.active_rows == 0, timeout=10)
+    assert all(engine.waiting_rows == 0 and not engine.sequences for engine in pool.engines)
+
+
+def test_instances_divide_the_cores_and_keep_their_limits(
+    servers: tuple[ServerThread, ServerThread],
+) -> None:
+    pool = pool_of(servers[1])
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    for engine in pool.engines:
+        options = engine.runner.backend.session("encoder").get_session_options()
+        assert options.intra_op_num_threads == threads
+    assert pool.max_rows == LIMITS["max_active_sequences"]  # a request runs in one instance
+    with grpc.insecure_channel(servers[1].address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        with pytest.raises(grpc.RpcError) as error:  # 5 beams never fit one instance's 4 rows
+            stub.Translate(
+                pb.TranslateRequest(
+                    texts=["three"], target_language="de", options=pb.DecodingOptions(beam_size=5)
+                ),
+                timeout=20,
+            )
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_model_gauges_add_up_over_the_instances(
+    servers: tuple[ServerThread, ServerThread], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = servers[1]
+    pool = pool_of(server)
+    for engine in pool.engines:  # 20 ms per decode step: the streams stay in flight a while
+        step = engine.cache.step
+
+        def slow_step(*args: Any, step: Any = step) -> Any:
+            time.sleep(0.02)
+            return step(*args)
+
+        monkeypatch.setattr(engine.cache, "step", slow_step)
+    long = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        streams = [
+            stub.TranslateStream(
+                pb.TranslateStreamRequest(text=text, target_language="de", options=long),
+                timeout=60,
+            )
+            for text in TEXTS[:6]
+        ]
+        firsts = [next(stream) for stream in streams]  # all six are decoding now
+        assert all(first.token_ids for first in firsts)
+        families = scrape(server.metrics_url)
+        active = sample(families, "attnserve_active_sequences", model="translator")
+        assert active == sum(len(engine.sequences) for engine in pool.engines) == 6
+        assert all(engine.sequences for engine in pool.engines)  # spread, not piled on one
+        for stream in streams:
+            stream.cancel()
+    assert wait_until(lambda: pool.active_rows == 0, timeout=10)  # cancellation freed the rows
+    assert wait_until(
+        lambda: (
+            sample(scrape(server.metrics_url), "attnserve_active_sequences", model="translator")
+            == 0
+        ),
+        timeout=10,
+    )
+
+
+def test_gauge_board_sums_and_averages_the_usage() -> None:
+    board = GaugeBoard(2)
+    assert board.update(0, "active_sequences", 3) == 3
+    assert board.update(1, "active_sequences", 2) == 5
+    assert board.update(0, "active_sequences", 0) == 2
+    assert board.update(0, "kv_cache_usage", 0.5) == 0.25
+    assert board.update(1, "kv_cache_usage", 0.25) == 0.375
+
+
+def test_instances_are_checked_in_config_yaml(tiny_repository: Path) -> None:
+    config = read_model_config(tiny_repository / "translator")
+    assert isinstance(config, GeneratorConfig)
+    with pytest.raises(ValueError, match="instances must be >= 1"):
+        type(config.batching)(instances=0)
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="needs backend onnxruntime"):
+        replace(config, backend="tensorrt", batching=replace(config.batching, instances=2))
+
+
+def test_triton_model_config_counts_the_instances(
+    servers: tuple[ServerThread, ServerThread],
+) -> None:
+    from serving.proto_gen.inference import grpc_service_pb2 as kpb
+    from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+
+    counts = []
+    for server in servers:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+            reply = stub.ModelConfig(kpb.ModelConfigRequest(name="translator"), timeout=10)
+        counts.append([group.count for group in reply.config.instance_group])
+    assert counts == [[1], [2]]
