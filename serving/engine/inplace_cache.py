@@ -64,7 +64,7 @@ class InPlaceKVCache:
                 f"{self.decoder.source_capacity} (limits.max_source_length)"
             )
         repeat = np.repeat(np.arange(len(rows_per_request)), rows_per_request)
-        in_use = self.cross_lengths[self._used()]
+        in_use = self.cross_lengths[: self.slots.highest_used() + 1]
         self._fit("cross", max(source, int(in_use.max(initial=1))))
         rows = np.asarray(self.slots.take(len(repeat)), dtype=np.int64)
         try:
@@ -77,11 +77,10 @@ class InPlaceKVCache:
         return np.split(rows, np.cumsum(rows_per_request)[:-1])
 
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        if int(positions.max(initial=0)) >= self.decoder.capacity:
-            raise ValueError(
-                f"position {int(positions.max())} is past the cache's {self.decoder.capacity}"
-            )
-        self._fit("past", int(positions.max(initial=0)) + 1, grow_only=True)
+        last = int(positions.max(initial=0))
+        if last >= self.decoder.capacity:
+            raise ValueError(f"position {last} is past the cache's {self.decoder.capacity}")
+        self._fit("past", last + 1, grow_only=True)
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
         ids = np.full(batch, self.pad_id, dtype=np.int64)
         ids[rows] = input_ids
@@ -101,14 +100,11 @@ class InPlaceKVCache:
         self.slots.give_back(rows)
         self.lengths[rows] = 0
         self.cross_lengths[rows] = 1
-        used = self._used()
-        self._fit("past", int(self.lengths[used].max(initial=0)) + 1)
-        self._fit("cross", int(self.cross_lengths[used].max(initial=1)))
-
-    def _used(self) -> np.ndarray:
-        """The rows in use, as indices (the leading ``highest_used + 1`` hold every one)."""
+        # Free rows hold length 0 and cross length 1: the leading rows up to the highest one in
+        # use give the widths the rows in use need.
         end = self.slots.highest_used() + 1
-        return np.flatnonzero(self.lengths[:end] >= 0)[:end] if end else np.zeros(0, np.int64)
+        self._fit("past", int(self.lengths[:end].max(initial=0)) + 1)
+        self._fit("cross", int(self.cross_lengths[:end].max(initial=1)))
 
     def _fit(self, which: str, needed: int, grow_only: bool = False) -> None:
         """Re-lay out the ``past`` or ``cross`` cache at the width ``needed`` positions take."""

@@ -84,11 +84,9 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
 
 
 def local_engine(
-    config: GeneratorConfig, backend: Backend | None, metrics: ServingMetrics | None
+    config: GeneratorConfig, backend: Backend, metrics: ServingMetrics | None
 ) -> InFlightEngine:
     """The in-process engine over ``backend`` (in-place KV cache when the graphs allow)."""
-    if backend is None:
-        raise ValueError(f"model {config.name!r}: a local engine needs the backend")
     return InFlightEngine(
         config.name,
         Seq2SeqRunner(backend, config.decoder),

@@ -11,6 +11,7 @@ import concurrent.futures
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +157,6 @@ def test_instances_are_checked_in_config_yaml(tiny_repository: Path) -> None:
     assert isinstance(config, GeneratorConfig)
     with pytest.raises(ValueError, match="instances must be >= 1"):
         type(config.batching)(instances=0)
-    from dataclasses import replace
-
     with pytest.raises(ValueError, match="needs backend onnxruntime"):
         replace(config, backend="tensorrt", batching=replace(config.batching, instances=2))
 
