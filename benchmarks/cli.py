@@ -101,7 +101,8 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--setups",
         type=_words,
-        help="server setups: batching,no_inflight,no_batching,two_frontends (default all)",
+        help="server setups: batching,no_inflight,no_batching,two_frontends,instances "
+        "(default all)",
     )
     serve.add_argument(
         "--connections",

@@ -1,8 +1,9 @@
 """`attnserve bench serve`: the gRPC server under load, batching on and off.
 
 For each server *setup* (``serve_settings``: ``batching``, ``no_inflight``, ``no_batching``,
-``two_frontends``) the benchmark writes a copy of the repository whose config.yaml files carry that
-setup's batching, starts ``attnserve serve`` on it in a child process (``serve_setups``;
+``two_frontends``, ``instances``) the benchmark writes a copy of the repository whose config.yaml
+files carry that setup's batching (and, for ``instances``, the threads split between the engine
+instances), starts ``attnserve serve`` on it in a child process (``serve_setups``;
 ``--frontend-workers 2`` for ``two_frontends``), and drives it with ``benchmarks.loadgen``
 (``serve_workloads``): closed loop at each concurrency (translator unary and streaming, ViT
 classify) and open loop with Poisson arrivals at set rates (by default fractions of the setup's

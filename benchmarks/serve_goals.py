@@ -8,6 +8,8 @@ Goal ids (``name``) are stable: `attnserve bench report` reads older results.
   of the engine's offline batch-32 new tokens/s;
 - ``translator_served_vs_offline_c32[best_frontend_workers]`` (runs that measured the
   ``two_frontends`` setup): the better of 1 and 2 frontend processes reaches >= 60% of it;
+  ``[best_workers]`` (runs that also measured ``instances``): the best of those and of two engine
+  instances behind one frontend;
 - ``overhead_p50_ms[translate]`` (``[translate,two_frontends]``) and
   ``overhead_p50_ms[classify,SETUP]``: per-request gRPC + scheduling overhead <= 1 ms p50 at
   concurrency 1;
@@ -29,7 +31,9 @@ RETIRED_GOALS = ("vit_c1_images_per_s[batching]", "vit_c1_images_per_s[no_batchi
 VIT_C32_OF_ORT = 0.90  # goal: >= 90% of onnxruntime's batch-32 rate at concurrency 32
 SERVED_OF_OFFLINE = 0.85  # goal: 32 streams >= 85% of the engine's offline batch-32 rate
 BEST_WORKERS_OF_OFFLINE = 0.60  # goal: the same with the better frontend_workers (1 or 2)
-WORKER_SETUPS = {"batching": 1, "two_frontends": 2}  # setup -> frontend_workers
+# setup -> (frontend_workers, the translator's engine instances)
+WORKER_SETUPS = {"batching": (1, 1), "two_frontends": (2, 1), "instances": (1, 2)}
+FRONTEND_SETUPS = ("batching", "two_frontends")
 OVERHEAD_MS = 1.0  # goal: per-request gRPC + scheduling overhead <= 1 ms p50
 
 
@@ -126,9 +130,10 @@ def translator_goals(
         if served is None and setup != "batching":
             continue
         goals.append(served_vs_offline_goal(setup, served, offline_rate))
-    best = best_workers_goal(goals)
-    if best is not None:
-        goals.append(best)
+    for setups in (FRONTEND_SETUPS, tuple(WORKER_SETUPS)):
+        best = best_workers_goal(goals, setups)
+        if best is not None:
+            goals.append(best)
     engine_ms = translator["minimal_request_ms"]["p50"]
     for setup in FULL_SETUPS:
         minimal = find_point(points, model="translator", workload="minimal", variant=setup)
@@ -156,25 +161,34 @@ def served_vs_offline_goal(
     )
 
 
-def best_workers_goal(served_goals: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The better frontend_workers' served / offline fraction; None when the run measured one
-    worker count only."""
-    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in WORKER_SETUPS}
-    if len(by_setup) < len(WORKER_SETUPS):
+def best_workers_goal(
+    served_goals: list[dict[str, Any]], setups: tuple[str, ...]
+) -> dict[str, Any] | None:
+    """The best of ``setups``' served / offline fractions; None when the run did not measure
+    them all. ``FRONTEND_SETUPS``: ``[best_frontend_workers]``; all of ``WORKER_SETUPS``:
+    ``[best_workers]`` (frontend processes and engine instances)."""
+    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in setups}
+    if len(by_setup) < len(setups):
         return None
     measured = {s: g["measured"] for s, g in by_setup.items() if g["measured"] is not None}
     setup = max(measured, key=measured.__getitem__) if measured else None
+    workers, instances = WORKER_SETUPS[setup] if setup else (None, None)
+    if setups == FRONTEND_SETUPS:
+        name, which = "best_frontend_workers", "the better frontend_workers (1 or 2)"
+    else:
+        name = "best_workers"
+        which = "the best workers (1 or 2 frontend processes, or 2 engine instances)"
     return goal_record(
-        f"translator_served_vs_offline_c{GOAL_CONCURRENCY}[best_frontend_workers]",
-        f"{GOAL_CONCURRENCY} concurrent translation streams with the better frontend_workers "
-        f"(1 or 2): served new tokens/s >= {BEST_WORKERS_OF_OFFLINE:.0%} of the engine's offline "
-        f"batch-{GOAL_CONCURRENCY} rate",
+        f"translator_served_vs_offline_c{GOAL_CONCURRENCY}[{name}]",
+        f"{GOAL_CONCURRENCY} concurrent translation streams with {which}: served new tokens/s "
+        f">= {BEST_WORKERS_OF_OFFLINE:.0%} of the engine's offline batch-{GOAL_CONCURRENCY} rate",
         measured[setup] if setup else None,
         BEST_WORKERS_OF_OFFLINE,
         True,
         "fraction",
         variant=setup,
-        frontend_workers=WORKER_SETUPS[setup] if setup else None,
+        frontend_workers=workers,
+        instances=instances,
     )
 
 

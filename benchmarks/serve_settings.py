@@ -9,7 +9,9 @@ Setups (how the server batches; ``serve_setups`` writes each one's repository):
 - ``no_batching``: translator with in_flight=False, max_batch_size=1, max_active_sequences=1;
   ViT with max_batch_size=1 (dynamic batching off);
 - ``two_frontends``: ``batching``'s configuration served by ``--frontend-workers 2`` (two gRPC
-  frontend processes and one engine process on the same port).
+  frontend processes and one engine process on the same port);
+- ``instances``: ``batching``'s translator with ``batching.instances: 2`` (two in-flight engines,
+  each with its own sessions and half the intra-op threads; one frontend). The ViT is not served.
 
 The load generator spreads each point's calls over ``connections`` TCP connections (every setup
 alike), so that the kernel has connections to hand to each frontend process.
@@ -24,9 +26,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends")
+SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances")
 FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
 FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
+INSTANCES = {"instances": 2}  # the translator's batching.instances (default 1)
 MODELS = ("translator", "vit")
 GOAL_CONCURRENCY = 32  # the concurrency (and offline batch size) the throughput goals compare at
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
@@ -73,7 +76,7 @@ class ServeSettings:
             warmup_s=0.1,
             overhead_s=0.3,
             new_tokens=8,
-            setups=("batching", "no_batching", "two_frontends"),
+            setups=("batching", "no_batching", "two_frontends", "instances"),
             offline_repetitions=2,
             max_foreign_share=None,
             text="three hundred and twelve",

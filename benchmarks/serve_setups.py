@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks.attnserve_runner import execution_providers
 from benchmarks.output import log
-from benchmarks.serve_settings import FRONTEND_WORKERS, MODELS
+from benchmarks.serve_settings import FRONTEND_WORKERS, INSTANCES, MODELS
 from benchmarks.server_process import ServeProcess
 
 # Per setup, the batching fields each model's config.yaml gets (a model missing from a setup is
@@ -30,6 +30,8 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
         "vit": {"max_batch_size": 1, "max_queue_delay_us": 0},
     },
     "two_frontends": {"translator": {}, "vit": {}},  # batching's, served by 2 frontend processes
+    # batching's translator as two in-flight engines, the intra-op threads split between them
+    "instances": {"translator": {"instances": INSTANCES["instances"]}},
 }
 
 
@@ -62,6 +64,7 @@ def setup_repository(
     source: Path, setup: str, models: tuple[str, ...], threads: int, device: str, root: Path
 ) -> tuple[Path, list[dict[str, Any]]]:
     """ROOT/SETUP: the models' entries with edited config.yaml, version folders symlinked.
+    ``threads`` are divided among a setup's engine instances.
 
     Returns:
         The repository and one variant record per model (name, model, batching, onnxruntime,
@@ -75,14 +78,15 @@ def setup_repository(
         edits = BATCHING_EDITS[setup].get(model)
         if edits is None:
             continue
-        config = _write_entry(source / model, target / model, edits, threads, device)
+        engine_threads = max(1, threads // edits.get("instances", 1))
+        config = _write_entry(source / model, target / model, edits, engine_threads, device)
         variants.append(
             {
                 "name": setup,
                 "model": model,
                 "batching": asdict(config.batching),
                 "onnxruntime": {
-                    "intra_op_threads": threads,
+                    "intra_op_threads": engine_threads,
                     "execution_providers": list(execution_providers(device)),
                 },
                 "edits": edits,

@@ -119,7 +119,12 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     result = _load(serve_json)
     assert result["kind"] == "serve" and result["settings"]["tiny"]
     points = result["points"]
-    assert {p["variant"] for p in points} == {"batching", "no_batching", "two_frontends"}
+    assert {p["variant"] for p in points} == {
+        "batching",
+        "no_batching",
+        "two_frontends",
+        "instances",
+    }
     assert {p["loop"] for p in points} == {"closed", "open"}
     assert {p["method"] for p in points} == {
         "translate",
@@ -138,6 +143,15 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     workers = {(v["name"], v["model"]): v["frontend_workers"] for v in result["variants"]}
     assert workers[("two_frontends", "vit")] == 2 and workers[("batching", "vit")] == 1
     assert batchings[("two_frontends", "translator")] == batchings[("batching", "translator")]
+    # Two engine instances share the run's threads; the ViT has no instances to serve there.
+    assert batchings[("instances", "translator")]["instances"] == 2
+    assert ("instances", "vit") not in batchings
+    threads = {
+        (v["name"], v["model"]): v["onnxruntime"]["intra_op_threads"] for v in result["variants"]
+    }
+    total = result["settings"]["threads"]
+    assert threads[("instances", "translator")] == max(1, total // 2)
+    assert threads[("batching", "translator")] == total
     assert result["settings"]["connections"] == 4
     names = {g["name"] for g in result["goals"]}
     assert "overhead_p50_ms[translate]" in names

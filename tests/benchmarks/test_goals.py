@@ -241,3 +241,31 @@ def test_the_better_frontend_worker_count_is_judged_when_both_ran() -> None:
     goals = {g["name"]: g for g in evaluate_goals([points[0], slower, *points[2:], two], offline)}
     best = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
     assert (best["measured"], best["frontend_workers"], best["passed"]) == (0.55, 2, False)
+
+
+def test_the_best_workers_count_engine_instances_too() -> None:
+    points, offline = synthetic_run()
+
+    def streams(setup: str, rate: float) -> dict:
+        return _point(
+            "translator",
+            setup,
+            "translate_stream",
+            loop="closed",
+            concurrency=32,
+            tokens_per_s=rate,
+        )
+
+    two = streams("two_frontends", 5500.0)
+    names = {g["name"] for g in evaluate_goals([*points, two], offline)}
+    assert "translator_served_vs_offline_c32[best_workers]" not in names  # no instances point
+    slower = {**points[1], "tokens_per_s": 5000.0}  # the batching setup's 32-stream point
+    run = [points[0], slower, *points[2:], two, streams("instances", 6500.0)]
+    goals = {g["name"]: g for g in evaluate_goals(run, offline)}
+    best = goals["translator_served_vs_offline_c32[best_workers]"]
+    assert (best["measured"], best["variant"], best["passed"]) == (0.65, "instances", True)
+    assert (best["frontend_workers"], best["instances"]) == (1, 2)
+    assert goals["translator_served_vs_offline_c32[instances]"]["measured"] == 0.65
+    # The frontend-only judgement ignores the instances setup.
+    frontends = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
+    assert (frontends["measured"], frontends["variant"]) == (0.55, "two_frontends")
