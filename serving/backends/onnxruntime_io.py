@@ -157,6 +157,7 @@ class InPlaceDecoder:
             for n in kv_names("cross", spec.num_layers)
         }
         self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
+        self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
 
     @property
@@ -182,10 +183,21 @@ class InPlaceDecoder:
             The logits (B, vocab) of the new tokens, a view of a buffer the next step reuses.
         """
         batch = len(input_ids)
-        io = self.decoder.io_binding()
+        io = self._step_binding(batch)
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids[:, None], dtype=np.int64))
         io.bind_cpu_input("cache_lengths", np.ascontiguousarray(cache_lengths, dtype=np.int64))
         io.bind_cpu_input("cross_lengths", np.ascontiguousarray(cross_lengths, dtype=np.int64))
+        self._run(self.decoder, io, DECODER_INPLACE)
+        return self.logits[:batch, 0]
+
+    def _step_binding(self, batch: int) -> ort.IOBinding:
+        """The decoder's binding of the caches and logits for ``batch`` rows at the current
+        widths: kept from the previous step while those stay the same (a step then rebinds only
+        its three small inputs), built again when a join, a leave or a re-layout changes them."""
+        key = (batch, self.past_width, self.source_width)
+        if self._bound is not None and self._bound[0] == key:
+            return self._bound[1]
+        io = self.decoder.io_binding()
         for name, buffer in self.past.items():
             buffer.bind(io, name, batch)
             buffer.bind(io, present_name(name), batch, output=True)
@@ -193,8 +205,8 @@ class InPlaceDecoder:
             buffer.bind(io, name, batch)
         logits = self.logits[:batch]
         io.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self._run(self.decoder, io, DECODER_INPLACE)
-        return logits[:, 0]
+        self._bound = (key, io)
+        return io
 
     def write_cross(self, rows: np.ndarray, cross: list[np.ndarray]) -> None:
         """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width)."""
