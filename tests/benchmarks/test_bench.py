@@ -246,3 +246,19 @@ def test_ort_profile_shares_the_decoder_time(engine_json: Path, cache_dir: Path,
         assert batch["decoder_runs"] == result["new_tokens"]
         assert "MatMul" in batch["op_share"]
         assert sum(batch["op_share"].values()) == pytest.approx(1.0, abs=0.01)
+
+
+def test_grpc_floor_times_every_server_client_pair(tmp_path: Path) -> None:
+    """The empty call's round trip the unary overhead goal is explained with: real servers in
+    their own processes, real clients."""
+    from benchmarks import grpc_floor
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert grpc_floor.main(["--tiny", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("grpc-floor-*-tiny.json")
+    result = json.loads(path.read_text())
+    pairs = {(p["server"], p["client"]): p for p in result["pairs"]}
+    assert set(pairs) == {(s, c) for s in ("aio", "sync") for c in ("aio", "sync")}
+    for pair in pairs.values():
+        assert pair["calls"] == 50 and 0 < pair["p50"] <= pair["p99"] < 1000
+    assert result["machine"]["cpu_model"]

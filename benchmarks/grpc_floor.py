@@ -1,0 +1,159 @@
+"""The gRPC floor under the unary overhead goal: an empty unary call's round trip on loopback.
+
+    python -m benchmarks.grpc_floor [--calls 2000] [--out DIR] [--tiny]
+
+Serves attnserve.v1 ``ListModels`` with an empty answer (no model, no work) from a grpc.aio
+server (what `attnserve serve` runs) and from a synchronous grpc server (a thread pool), each in
+its own process, and calls it from a grpc.aio client and from a synchronous client in this
+process, one call at a time, after a warm-up. Writes ``benchmarks/results/grpc-floor-*.json``:
+p50 / p99 round trip per (server, client) pair, with the machine. The unary Translate overhead
+of `attnserve bench serve` (client latency minus the engine's own time) cannot go below the
+floor of its pair (aio server, aio client) plus the server's own work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from benchmarks.machine import machine_metadata
+from benchmarks.output import timestamp
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+SERVERS = ("aio", "sync")
+CLIENTS = ("aio", "sync")
+
+
+class _Empty(pb_grpc.AttnServeServicer):
+    def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse()
+
+
+class _AioEmpty(pb_grpc.AttnServeServicer):
+    async def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse()
+
+
+def serve(kind: str, ports: Any, stop: Any) -> None:
+    """Run an empty server of ``kind`` (aio | sync) on a free loopback port until ``stop``."""
+    if kind == "sync":
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_AttnServeServicer_to_server(_Empty(), server)
+        ports.put(server.add_insecure_port("127.0.0.1:0"))
+        server.start()
+        stop.wait()
+        server.stop(0)
+        return
+
+    async def main() -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_AttnServeServicer_to_server(_AioEmpty(), server)
+        ports.put(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        await server.stop(0)
+
+    asyncio.run(main())
+
+
+def _summary(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"p50": statistics.median(ordered) * 1e3, "p99": p99 * 1e3}
+
+
+def _timed(call: Callable[[], Any], calls: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        call()
+    out = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def sync_client(port: int, calls: int, warmup: int) -> list[float]:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        return _timed(lambda: stub.ListModels(pb.ListModelsRequest(), timeout=10), calls, warmup)
+
+
+def aio_client(port: int, calls: int, warmup: int) -> list[float]:
+    async def main() -> list[float]:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.AttnServeStub(channel)
+            for _ in range(warmup):
+                await stub.ListModels(pb.ListModelsRequest(), timeout=10)
+            out = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                await stub.ListModels(pb.ListModelsRequest(), timeout=10)
+                out.append(time.perf_counter() - start)
+            return out
+
+    return asyncio.run(main())
+
+
+def measure(calls: int, warmup: int) -> list[dict[str, Any]]:
+    """One record per (server, client) pair: the empty call's round trip."""
+    context = mp.get_context("spawn")  # a fresh interpreter, as `attnserve serve` is
+    clients = {"aio": aio_client, "sync": sync_client}
+    records = []
+    for kind in SERVERS:
+        ports, stop = context.Queue(), context.Event()
+        process = context.Process(target=serve, args=(kind, ports, stop), daemon=True)
+        process.start()
+        try:
+            port = ports.get(timeout=60)
+            for client in CLIENTS:
+                seconds = clients[client](port, calls, warmup)
+                records.append(
+                    {"server": kind, "client": client, "calls": calls, **_summary(seconds)}
+                )
+        finally:
+            stop.set()
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.grpc_floor")
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per pair")
+    parser.add_argument("--tiny", action="store_true", help="50 calls per pair (CI smoke run)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    calls = 50 if args.tiny else args.calls
+    result = {
+        "schema": "attnserve-grpc-floor/1",
+        "kind": "grpc-floor",
+        "tiny": args.tiny,
+        "grpcio": grpc.__version__,
+        "machine": machine_metadata("cpu"),
+        "what": "round trip of an empty unary call (attnserve.v1 ListModels answering nothing) "
+        "on loopback, one call at a time; server in its own process",
+        "pairs": measure(calls, warmup=max(10, calls // 10)),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"grpc-floor-{timestamp()}{'-tiny' if args.tiny else ''}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
