@@ -179,8 +179,15 @@ class RowSampler:
         self.eos_id = int(eos_id)
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos_at = forced_eos_at
-        # default_rng(None) seeds from OS entropy; a seed in 0..2**64-1 makes the draws repeatable.
-        self.rng = rng if rng is not None else np.random.default_rng(options.seed)
+        self._rng = rng
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The sequence's generator, made on the first draw: greedy rows never pay for it.
+        default_rng(None) seeds from OS entropy; a seed in 0..2**64-1 makes the draws repeatable."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.options.seed)
+        return self._rng
 
     def choose(self, logits_row: np.ndarray, generated: int) -> int:
         """The next token of this sequence.

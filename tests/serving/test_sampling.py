@@ -160,6 +160,17 @@ def test_greedy_consumes_no_randomness() -> None:
     assert chooser.rng.bit_generator.state == state
 
 
+def test_greedy_rows_make_no_generator_and_sampling_makes_one_on_the_first_draw() -> None:
+    greedy = sampler()
+    greedy.choose(np.arange(5.0), 0)
+    assert greedy._rng is None  # seeding from OS entropy costs ~15 us per request
+    sampling = sampler(temperature=1.0, seed=3)
+    assert sampling._rng is None
+    first = sampling.choose(np.zeros(50), 0)
+    assert sampling._rng is not None
+    assert first == sampler(temperature=1.0, seed=3).choose(np.zeros(50), 0)
+
+
 def test_seeded_sampling_is_reproducible_and_seeds_differ() -> None:
     logits = np.random.default_rng(2).standard_normal(100)
 
