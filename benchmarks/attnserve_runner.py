@@ -106,10 +106,16 @@ class AttnServeRunner(Runner):
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         assert isinstance(config, GeneratorConfig)
-        self.instances = [
-            _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
-            for _ in range(instances)
+        # As the server's make_backends: one-thread instances share one set of sessions.
+        shared = per_instance == 1
+        first = _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
+        self.instances = [first] + [
+            _decoding(entry, config, per_instance, providers, kv_cache, max_batch, first[0])
+            if shared
+            else _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
+            for _ in range(instances - 1)
         ]
+        self.config["shared_sessions"] = shared and instances > 1
         self.runner, self.cache = self.instances[0]
         self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
         if self.config["kv_cache"] != kv_cache:
@@ -144,10 +150,12 @@ def _decoding(
     providers: tuple[str, ...],
     kv_cache: str,
     max_batch: int,
+    share: Any = None,
 ) -> tuple[Any, Any]:
     """The entry's runner (encoder) and KV cache as the server builds them, tuned for the engine
     alone on the machine: idle threads may spin, the arena keeps its buffers (the server turns
-    both off), ``max_batch`` cache rows, ``new_tokens`` positions."""
+    both off), ``max_batch`` cache rows, ``new_tokens`` positions. ``share``: another
+    instance's runner, whose sessions this one uses (with a KV cache of its own)."""
     from contract.repository import resolve_version
     from serving.backends.base import BackendError
     from serving.engine.padded_cache import PaddedKVCache
@@ -166,7 +174,9 @@ def _decoding(
     batching = replace(config.batching, max_active_sequences=max_batch, in_flight=True)
     config = replace(config, onnxruntime=options, batching=batching)
     try:
-        backend = make_backend(config, resolve_version(entry))
+        backend = (
+            share.backend if share is not None else make_backend(config, resolve_version(entry))
+        )
     except BackendError as err:
         raise Unavailable(str(err)) from err
     runner = Seq2SeqRunner(backend, config.decoder)

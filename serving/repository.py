@@ -64,7 +64,10 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     """One backend per engine instance (``batching.instances`` of a generator, else one).
 
     With several instances and ``onnxruntime.intra_op_threads`` 0, each instance's sessions get
-    the usable cores divided among the instances (at least 1).
+    the usable cores divided among the instances (at least 1). Instances of one thread share one
+    backend: ONNX Runtime runs concurrent calls of a session each on its caller's thread, so the
+    weights (and the kernels' pre-packed copies of them) are held once, as CTranslate2's workers
+    share one model; instances of several threads get their own sessions and thread pools.
 
     Raises:
         BackendError: the backend is not available here or the graphs do not load.
@@ -75,6 +78,8 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     if config.onnxruntime.intra_op_threads == 0:
         threads = max(1, len(os.sched_getaffinity(0)) // instances)
         config = replace(config, onnxruntime=replace(config.onnxruntime, intra_op_threads=threads))
+    if config.onnxruntime.intra_op_threads == 1:
+        return [make_backend(config, version_dir)] * instances
     return [make_backend(config, version_dir) for _ in range(instances)]
 
 

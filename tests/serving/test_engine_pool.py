@@ -89,6 +89,10 @@ def test_instances_divide_the_cores_and_keep_their_limits(
     for engine in pool.engines:
         options = engine.runner.backend.session("encoder").get_session_options()
         assert options.intra_op_num_threads == threads
+    # One-thread instances share their sessions (one copy of the weights); wider ones do not.
+    first, second = (engine.runner.backend for engine in pool.engines)
+    assert (first is second) == (threads == 1)
+    assert pool.engines[0].cache is not pool.engines[1].cache  # each its own KV cache
     assert pool.max_rows == LIMITS["max_active_sequences"]  # a request runs in one instance
     with grpc.insecure_channel(servers[1].address) as channel:
         stub = pb_grpc.AttnServeStub(channel)
@@ -174,3 +178,21 @@ def test_triton_model_config_counts_the_instances(
             reply = stub.ModelConfig(kpb.ModelConfigRequest(name="translator"), timeout=10)
         counts.append([group.count for group in reply.config.instance_group])
     assert counts == [[1], [2]]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_thread_instances_share_their_sessions(tiny_repository: Path, threads: int) -> None:
+    from contract.repository import resolve_version
+    from serving.repository import make_backends
+
+    entry = tiny_repository / "translator"
+    config = read_model_config(entry)
+    assert isinstance(config, GeneratorConfig)
+    config = replace(
+        config,
+        batching=replace(config.batching, instances=3),
+        onnxruntime=replace(config.onnxruntime, intra_op_threads=threads),
+    )
+    backends = make_backends(config, resolve_version(entry))
+    assert len(backends) == 3
+    assert len({id(b) for b in backends}) == (1 if threads == 1 else 3)
