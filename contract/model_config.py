@@ -76,8 +76,9 @@ class InFlightBatching:
     max_active_sequences: int = 64  # KV-cache capacity in decode rows (beams count each)
     token_budget: int = 4096  # decode rows + encoder tokens of joiners in one step
     # Engine instances (Triton's instance_group, CTranslate2's inter_threads): each has its own
-    # sessions, KV cache, queue and decode thread, with the limits above; a request goes to the
-    # least busy one. intra_op_threads 0 then means the cores divided among the instances.
+    # KV cache, queue and decode thread, with the limits above (and its own sessions unless it has
+    # one intra-op thread: then all share one set); a request goes to the least busy one.
+    # intra_op_threads 0 then means the cores divided among the instances.
     instances: int = 1
 
     def __post_init__(self) -> None:
