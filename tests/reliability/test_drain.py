@@ -1,9 +1,10 @@
 """SIGTERM under load: a real ``attnserve serve`` process drains.
 
-16 streams (12 TranslateStream, 4 CaptionStream) are in flight, each having received its first
+24 streams (18 TranslateStream, 6 CaptionStream) are in flight, each having received its first
 tokens, when the process gets SIGTERM. Asserted: every one of them runs to its end (OK, all its
 tokens: the same as the same request before the signal); requests sent once the server is
-draining get UNAVAILABLE with a message; the process exits with code 0 within its grace period.
+draining get UNAVAILABLE with a message while the process still runs; the process exits with
+code 0 within its grace period.
 tests/serving/test_server.py covers SIGTERM on an idle process and a drain in a server thread.
 """
 
@@ -28,7 +29,7 @@ GRACE_S = 10.0
 # The shipped models decode for long enough (hundreds of ms) that the drain surely overlaps them.
 TRANSLATE = pb.DecodingOptions(max_new_tokens=64, min_new_tokens=64)
 CAPTION = pb.DecodingOptions(max_new_tokens=40, min_new_tokens=40)
-STREAMS = 16
+STREAMS = 24
 
 
 class InFlight:
@@ -106,6 +107,8 @@ def test_sigterm_drains_streams_in_flight(shipped_repository: Path, frontends: i
             except grpc.RpcError as err:
                 refused.append((err.code().name, err.details() or ""))
             running_at_refusal = sum(not s.code for s in streams)
+            assert server.process is not None
+            alive_at_refusal = server.process.poll() is None
             # and on new channels (the drain check, or the port already closed)
             refused += [new_request(server.address) for _ in range(3)]
         code, output = server.wait(timeout=GRACE_S + 20)
@@ -120,7 +123,9 @@ def test_sigterm_drains_streams_in_flight(shipped_repository: Path, frontends: i
     for status, details in refused:
         assert status == "UNAVAILABLE", (status, details)
         assert details
-    assert running_at_refusal > 0  # refused during the drain, not after the exit
+    # Refused during the drain, not after the exit. (Whether streams were still being read at that
+    # moment depends on how fast the shipped models decode: reported below, not asserted.)
+    assert alive_at_refusal
     assert code == 0, output[-2000:]
     assert exited <= GRACE_S, exited
     print(
