@@ -106,16 +106,11 @@ class AttnServeRunner(Runner):
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
         assert isinstance(config, GeneratorConfig)
-        # As the server's make_backends: one-thread instances share one set of sessions.
-        shared = per_instance == 1
-        first = _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
-        self.instances = [first] + [
-            _decoding(entry, config, per_instance, providers, kv_cache, max_batch, first[0])
-            if shared
-            else _decoding(entry, config, per_instance, providers, kv_cache, max_batch)
-            for _ in range(instances - 1)
-        ]
-        self.config["shared_sessions"] = shared and instances > 1
+        self.instances = _decoding(
+            entry, config, per_instance, providers, kv_cache, max_batch, instances
+        )
+        backends = {id(runner.backend) for runner, _ in self.instances}
+        self.config["shared_sessions"] = len(backends) < len(self.instances)
         self.runner, self.cache = self.instances[0]
         self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
         if self.config["kv_cache"] != kv_cache:
@@ -150,16 +145,16 @@ def _decoding(
     providers: tuple[str, ...],
     kv_cache: str,
     max_batch: int,
-    share: Any = None,
-) -> tuple[Any, Any]:
-    """The entry's runner (encoder) and KV cache as the server builds them, tuned for the engine
-    alone on the machine: idle threads may spin, the arena keeps its buffers (the server turns
-    both off), ``max_batch`` cache rows, ``new_tokens`` positions. ``share``: another
-    instance's runner, whose sessions this one uses (with a KV cache of its own)."""
+    instances: int,
+) -> list[tuple[Any, Any]]:
+    """Per engine instance, the entry's runner (encoder) and KV cache as the server builds them
+    (``make_backends``: one-thread instances share their sessions), tuned for the engine alone on
+    the machine: idle threads may spin, the arena keeps its buffers (the server turns both off),
+    ``max_batch`` cache rows, ``new_tokens`` positions."""
     from contract.repository import resolve_version
     from serving.backends.base import BackendError
     from serving.engine.padded_cache import PaddedKVCache
-    from serving.repository import make_backend
+    from serving.repository import make_backends
     from serving.seq2seq import Seq2SeqRunner
     from serving.served.generator import inplace_cache
 
@@ -171,19 +166,22 @@ def _decoding(
         cpu_memory_arena=True,
         kv_cache=kv_cache,
     )
-    batching = replace(config.batching, max_active_sequences=max_batch, in_flight=True)
+    batching = replace(
+        config.batching, max_active_sequences=max_batch, in_flight=True, instances=instances
+    )
     config = replace(config, onnxruntime=options, batching=batching)
     try:
-        backend = (
-            share.backend if share is not None else make_backend(config, resolve_version(entry))
-        )
+        backends = make_backends(config, resolve_version(entry))
     except BackendError as err:
         raise Unavailable(str(err)) from err
-    runner = Seq2SeqRunner(backend, config.decoder)
-    cache = inplace_cache(backend, config)
-    if cache is None:
-        cache = PaddedKVCache(runner, max_batch * config.decoder.max_positions)
-    return runner, cache
+    decoding = []
+    for backend in backends:
+        runner = Seq2SeqRunner(backend, config.decoder)
+        cache = inplace_cache(backend, config)
+        if cache is None:
+            cache = PaddedKVCache(runner, max_batch * config.decoder.max_positions)
+        decoding.append((runner, cache))
+    return decoding
 
 
 def export_attnserve(

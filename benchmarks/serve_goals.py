@@ -25,15 +25,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.serve_settings import FULL_SETUPS, GOAL_CONCURRENCY, SETUPS
+from benchmarks.serve_settings import (
+    FRONTEND_WORKERS,
+    FULL_SETUPS,
+    GOAL_CONCURRENCY,
+    INSTANCES,
+    SETUPS,
+)
 
 RETIRED_GOALS = ("vit_c1_images_per_s[batching]", "vit_c1_images_per_s[no_batching]")
 VIT_C32_OF_ORT = 0.90  # goal: >= 90% of onnxruntime's batch-32 rate at concurrency 32
 SERVED_OF_OFFLINE = 0.85  # goal: 32 streams >= 85% of the engine's offline batch-32 rate
 BEST_WORKERS_OF_OFFLINE = 0.60  # goal: the same with the better frontend_workers (1 or 2)
 # setup -> (frontend_workers, the translator's engine instances)
-WORKER_SETUPS = {"batching": (1, 1), "two_frontends": (2, 1), "instances": (1, 2)}
-FRONTEND_SETUPS = ("batching", "two_frontends")
+WORKER_SETUPS = {
+    setup: (FRONTEND_WORKERS.get(setup, 1), INSTANCES.get(setup, 1))
+    for setup in ("batching", "two_frontends", "instances")
+}
+# goal id suffix -> (the setups it takes the best of, how the goal names them)
+BEST_OF = {
+    "best_frontend_workers": (
+        ("batching", "two_frontends"),
+        "the better frontend_workers (1 or 2)",
+    ),
+    "best_workers": (
+        tuple(WORKER_SETUPS),
+        "the best workers (1 or 2 frontend processes, or 2 engine instances)",
+    ),
+}
 OVERHEAD_MS = 1.0  # goal: per-request gRPC + scheduling overhead <= 1 ms p50
 
 
@@ -130,8 +149,8 @@ def translator_goals(
         if served is None and setup != "batching":
             continue
         goals.append(served_vs_offline_goal(setup, served, offline_rate))
-    for setups in (FRONTEND_SETUPS, tuple(WORKER_SETUPS)):
-        best = best_workers_goal(goals, setups)
+    for name in BEST_OF:
+        best = best_workers_goal(goals, name)
         if best is not None:
             goals.append(best)
     engine_ms = translator["minimal_request_ms"]["p50"]
@@ -161,23 +180,16 @@ def served_vs_offline_goal(
     )
 
 
-def best_workers_goal(
-    served_goals: list[dict[str, Any]], setups: tuple[str, ...]
-) -> dict[str, Any] | None:
-    """The best of ``setups``' served / offline fractions; None when the run did not measure
-    them all. ``FRONTEND_SETUPS``: ``[best_frontend_workers]``; all of ``WORKER_SETUPS``:
-    ``[best_workers]`` (frontend processes and engine instances)."""
+def best_workers_goal(served_goals: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """Goal ``[name]`` of ``BEST_OF``: the best of its setups' served / offline fractions; None
+    when the run did not measure them all."""
+    setups, which = BEST_OF[name]
     by_setup = {g["variant"]: g for g in served_goals if g["variant"] in setups}
     if len(by_setup) < len(setups):
         return None
     measured = {s: g["measured"] for s, g in by_setup.items() if g["measured"] is not None}
     setup = max(measured, key=measured.__getitem__) if measured else None
     workers, instances = WORKER_SETUPS[setup] if setup else (None, None)
-    if setups == FRONTEND_SETUPS:
-        name, which = "best_frontend_workers", "the better frontend_workers (1 or 2)"
-    else:
-        name = "best_workers"
-        which = "the best workers (1 or 2 frontend processes, or 2 engine instances)"
     return goal_record(
         f"translator_served_vs_offline_c{GOAL_CONCURRENCY}[{name}]",
         f"{GOAL_CONCURRENCY} concurrent translation streams with {which}: served new tokens/s "

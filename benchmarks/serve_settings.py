@@ -10,8 +10,9 @@ Setups (how the server batches; ``serve_setups`` writes each one's repository):
   ViT with max_batch_size=1 (dynamic batching off);
 - ``two_frontends``: ``batching``'s configuration served by ``--frontend-workers 2`` (two gRPC
   frontend processes and one engine process on the same port);
-- ``instances``: ``batching``'s translator with ``batching.instances: 2`` (two in-flight engines,
-  each with its own sessions and half the intra-op threads; one frontend). The ViT is not served.
+- ``instances``: ``batching``'s translator with ``batching.instances: 2`` (two in-flight engines
+  with half the intra-op threads each, sharing one set of sessions when that is one thread; one
+  frontend). The ViT is not served.
 
 The load generator spreads each point's calls over ``connections`` TCP connections (every setup
 alike), so that the kernel has connections to hand to each frontend process.

@@ -1,11 +1,12 @@
 """Several in-flight engines of one model (``batching.instances``), seen as one engine.
 
-Triton's ``instance_group`` and CTranslate2's ``inter_threads``: each instance has its own ONNX
-Runtime sessions, KV cache and decode thread, so N instances of 1 thread decode N batches at
-once instead of one batch split over N threads. Where a step's kernels are too small to keep
-several threads busy (int8 weights, decode batches of 8-32 rows on a few cores) that is faster;
-where the matmuls parallelise well (fp32) it is not, and a lone request gets one instance's
-threads only. Each request goes to the instance with the fewest rows in use and waiting.
+Triton's ``instance_group`` and CTranslate2's ``inter_threads``: each instance has its own KV
+cache and decode thread (and its own ONNX Runtime sessions, unless each has one thread: then
+they share one set, ``serving.repository.make_backends``), so N instances of 1 thread decode N
+batches at once instead of one batch split over N threads. Where a step's kernels are too
+small to keep several threads busy (int8 weights, decode batches of 8-32 rows on a few cores)
+that is faster; where the matmuls parallelise well (fp32) it is not, and a lone request gets one
+instance's threads only. Each request goes to the instance with the fewest rows in use and waiting.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class EnginePool:
     """``GenerationEngine`` over several ``InFlightEngine`` instances of one model.
 
     Args:
-        engines: the instances (same model and limits; each with its own backend).
+        engines: the instances (same model and limits; each with its own KV cache).
     """
 
     def __init__(self, engines: Sequence[InFlightEngine]) -> None:

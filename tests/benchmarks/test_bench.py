@@ -96,6 +96,10 @@ def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
     assert result["settings"]["batches"] == [1, 2]
     names = {e["name"] for e in result["engines"]}
     assert {"attnserve-fp32", "attnserve-int8", "hf-generate-kv", "hf-generate-nokv"} <= names
+    for engine in result["engines"]:  # N x 1 instances share their sessions, as the server's do
+        if engine["config"].get("instances", 1) > 1:
+            assert engine["config"]["intra_op_threads"] == 1
+            assert engine["config"]["shared_sessions"] is True
     try:
         import ctranslate2  # noqa: F401
 
