@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -171,14 +172,18 @@ def child_pids(server: ServeProcess) -> tuple[int, list[int]]:
     return int(match.group(1)), [int(p) for p in match.group(2).split()]
 
 
-def stream_outcome(address: str) -> tuple[str, float]:
-    """A 48-token stream to its end: (status name, seconds it took)."""
+def stream_outcome(address: str, decoding: threading.Semaphore) -> tuple[str, float]:
+    """A 48-token stream to its end: (status name, seconds it took); ``decoding`` is released at
+    its first tokens."""
     started = time.monotonic()
     long = pb.DecodingOptions(max_new_tokens=48, min_new_tokens=48)
     request = pb.TranslateStreamRequest(text="ninety", target_language="de", options=long)
     with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
         try:
-            list(pb_grpc.AttnServeStub(channel).TranslateStream(request, timeout=60))
+            for index, _ in enumerate(stub.TranslateStream(request, timeout=60)):
+                if index == 0:
+                    decoding.release()
             return "OK", time.monotonic() - started
         except grpc.RpcError as err:
             return err.code().name, time.monotonic() - started
@@ -200,9 +205,15 @@ def test_a_killed_child_ends_the_server_with_code_1(
     server.start()
     try:
         engine, frontends = child_pids(server)
+        decoding = threading.Semaphore(0)
         with ThreadPoolExecutor(64) as pool:
-            streams = [pool.submit(stream_outcome, server.address) for _ in range(64)]
-            time.sleep(0.25)  # the first streams decode, most wait
+            streams = [pool.submit(stream_outcome, server.address, decoding) for _ in range(64)]
+            # The second stream decodes (one decode row: the first is done), so the others have
+            # connected to either frontend and wait in the engine's queue. With a fixed 0.25 s
+            # sleep instead, one CI run saw all 64 end OK about 1.35 s after they started:
+            # apparently they connected only after the kill, to the frontend that was left.
+            for _ in range(2):
+                assert decoding.acquire(timeout=30)
             os.kill(engine if victim == "engine" else frontends[0], signal.SIGKILL)
             outcomes = [f.result(timeout=30) for f in streams]
         codes = {code for code, _ in outcomes}
