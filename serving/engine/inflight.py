@@ -200,18 +200,21 @@ class InFlightEngine:
         self._gauge_queue()
         with self._wake:
             self._wake.notify()
+        ended = False
         try:
             while True:
                 chunk = [await events.get()]
                 while not events.empty() and not isinstance(chunk[-1], FinishEvent | ErrorEvent):
                     chunk.append(events.get_nowait())
+                ended = isinstance(chunk[-1], FinishEvent | ErrorEvent)
                 yield chunk
-                if isinstance(chunk[-1], FinishEvent | ErrorEvent):
+                if ended:
                     return
         finally:
-            request.cancel()  # a no-op after the final event; frees the rows otherwise
-            with self._wake:
-                self._wake.notify()
+            if not ended:  # the caller left early: free its rows before the next step
+                request.cancel()
+                with self._wake:
+                    self._wake.notify()
 
     # --- the worker thread ----------------------------------------------------------------------
     def _run(self) -> None:

@@ -125,15 +125,10 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             )
             for text in request.texts
         ]
-        tasks = [asyncio.ensure_future(model.generate(job)) for job in jobs]
-        try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:  # one failed or the call was cancelled: stop the others' work
-                task.cancel()
-            for job in jobs:
-                job.cancel()
-            raise
+        if len(jobs) == 1:  # no tasks to make and gather for the common one-text request
+            results = [await model.generate(jobs[0])]
+        else:
+            results = await _generate_all(model, jobs)
         response = pb.TranslateResponse(model=model.name, model_version=str(model.version))
         for result in results:
             response.translations.append(
@@ -271,3 +266,17 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
         info.limits.max_new_tokens = model.config.limits.max_new_tokens
         info.batching.in_flight = model.config.batching.in_flight
     return info
+
+
+async def _generate_all(model: Any, jobs: list[Any]) -> list[Any]:
+    """Every job generated concurrently; if one fails (or the call is cancelled), the others'
+    work stops too."""
+    tasks = [asyncio.ensure_future(model.generate(job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        for job in jobs:
+            job.cancel()
+        raise
