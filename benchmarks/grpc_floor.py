@@ -1,14 +1,18 @@
 """The gRPC floor under the unary overhead goal: an empty unary call's round trip on loopback.
 
-    python -m benchmarks.grpc_floor [--calls 2000] [--out DIR] [--tiny]
+    python -m benchmarks.grpc_floor [--calls 2000] [--work-ms 2.0] [--out DIR] [--tiny]
 
-Serves attnserve.v1 ``ListModels`` with an empty answer (no model, no work) from a grpc.aio
-server (what `attnserve serve` runs) and from a synchronous grpc server (a thread pool), each in
-its own process, and calls it from a grpc.aio client and from a synchronous client in this
-process, one call at a time, after a warm-up. Writes ``benchmarks/results/grpc-floor-*.json``:
-p50 / p99 round trip per (server, client) pair, with the machine. The unary Translate overhead
-of `attnserve bench serve` (client latency minus the engine's own time) cannot go below the
-floor of its pair (aio server, aio client) plus the server's own work.
+Serves attnserve.v1 ``ListModels`` with an empty answer from a grpc.aio server (what `attnserve
+serve` runs) and from a synchronous grpc server (a thread pool), each in its own process, and
+calls it from a grpc.aio client and from a synchronous client in this process, one call at a
+time, after a warm-up. A third server, ``aio-engine``, answers only after a worker thread has
+busy-waited ``--work-ms`` (about the engine's time for a minimal Translate) and handed the
+answer back to the event loop with ``call_soon_threadsafe``, as the engine thread does: the
+floor under a call that waits for a model, whose threads go idle meanwhile. Writes
+``benchmarks/results/grpc-floor-*.json``: p50 / p99 round trip per (server, client) pair (for
+``aio-engine`` also ``overhead_p50``, the p50 minus the work), with the machine. The unary
+Translate overhead of `attnserve bench serve` (client latency minus the engine's own time)
+cannot go below the ``aio-engine`` / ``aio`` pair's overhead plus the server's own work.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import queue
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -32,7 +38,7 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SERVERS = ("aio", "sync")
+SERVERS = ("aio", "sync", "aio-engine")
 CLIENTS = ("aio", "sync")
 
 
@@ -46,8 +52,35 @@ class _AioEmpty(pb_grpc.AttnServeServicer):
         return pb.ListModelsResponse()
 
 
-def serve(kind: str, ports: Any, stop: Any) -> None:
-    """Run an empty server of ``kind`` (aio | sync) on a free loopback port until ``stop``."""
+class _AioAfterWork(pb_grpc.AttnServeServicer):
+    """Answers once a worker thread has spent ``work_s`` on the call (the engine's hand-off)."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.calls: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            loop, done = self.calls.get()
+            end = time.perf_counter() + self.work_s
+            while time.perf_counter() < end:  # busy, as a model call keeps its core busy
+                pass
+            loop.call_soon_threadsafe(done.set_result, None)
+
+    async def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self.calls.put((loop, done))
+        await done
+        return pb.ListModelsResponse()
+
+
+def serve(kind: str, ports: Any, stop: Any, work_s: float = 0.0) -> None:
+    """Run an empty server of ``kind`` (aio | sync | aio-engine) on a free loopback port until
+    ``stop``; ``aio-engine`` answers after ``work_s`` of a worker thread's time."""
     if kind == "sync":
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_AttnServeServicer_to_server(_Empty(), server)
@@ -59,7 +92,8 @@ def serve(kind: str, ports: Any, stop: Any) -> None:
 
     async def main() -> None:
         server = grpc.aio.server()
-        pb_grpc.add_AttnServeServicer_to_server(_AioEmpty(), server)
+        servicer = _AioAfterWork(work_s) if kind == "aio-engine" else _AioEmpty()
+        pb_grpc.add_AttnServeServicer_to_server(servicer, server)
         ports.put(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         await asyncio.get_running_loop().run_in_executor(None, stop.wait)
@@ -107,22 +141,30 @@ def aio_client(port: int, calls: int, warmup: int) -> list[float]:
     return asyncio.run(main())
 
 
-def measure(calls: int, warmup: int) -> list[dict[str, Any]]:
-    """One record per (server, client) pair: the empty call's round trip."""
+def measure(calls: int, warmup: int, work_ms: float = 2.0) -> list[dict[str, Any]]:
+    """One record per (server, client) pair: the empty call's round trip (``aio-engine``: after
+    ``work_ms`` of work, with the round trip minus the work as ``overhead_p50``)."""
     context = mp.get_context("spawn")  # a fresh interpreter, as `attnserve serve` is
     clients = {"aio": aio_client, "sync": sync_client}
     records = []
     for kind in SERVERS:
         ports, stop = context.Queue(), context.Event()
-        process = context.Process(target=serve, args=(kind, ports, stop), daemon=True)
+        work_s = work_ms / 1e3 if kind == "aio-engine" else 0.0
+        process = context.Process(target=serve, args=(kind, ports, stop, work_s), daemon=True)
         process.start()
         try:
             port = ports.get(timeout=60)
             for client in CLIENTS:
-                seconds = clients[client](port, calls, warmup)
-                records.append(
-                    {"server": kind, "client": client, "calls": calls, **_summary(seconds)}
-                )
+                record = {
+                    "server": kind,
+                    "client": client,
+                    "calls": calls,
+                    **_summary(clients[client](port, calls, warmup)),
+                }
+                if work_s:
+                    record["work_ms"] = work_ms
+                    record["overhead_p50"] = record["p50"] - work_ms
+                records.append(record)
         finally:
             stop.set()
             process.join(10)
@@ -134,6 +176,9 @@ def measure(calls: int, warmup: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.grpc_floor")
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per pair")
+    parser.add_argument(
+        "--work-ms", type=float, default=2.0, help="the aio-engine server's work per call"
+    )
     parser.add_argument("--tiny", action="store_true", help="50 calls per pair (CI smoke run)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
@@ -145,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         "grpcio": grpc.__version__,
         "machine": machine_metadata("cpu"),
         "what": "round trip of an empty unary call (attnserve.v1 ListModels answering nothing) "
-        "on loopback, one call at a time; server in its own process",
-        "pairs": measure(calls, warmup=max(10, calls // 10)),
+        "on loopback, one call at a time; server in its own process; aio-engine answers after "
+        "work_ms of a worker thread's time, handed back to the event loop as the engine does",
+        "pairs": measure(calls, warmup=max(10, calls // 10), work_ms=args.work_ms),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"grpc-floor-{timestamp()}{'-tiny' if args.tiny else ''}.json"
