@@ -1,15 +1,16 @@
-"""The two small helper graphs of the in-place decoder's cache, built with onnx.helper.
+"""The three small helper graphs of the in-place decoder's cache, built with onnx.helper.
 
-Both update caches in place when the server binds each ``X_out`` output to the buffer of input
-``X`` (``contract.graphs`` documents them):
+The first two update caches in place when the server binds each ``X_out`` output to the buffer
+of input ``X`` (``contract.graphs`` documents them):
 
 - ``cache_copy.onnx``: beam search continues row ``source_rows[j]`` in row ``rows[j]``, so every
   self-attention cache copies those rows (Gather, then ScatterND);
 - ``cache_write.onnx``: a joining request's cross-attention keys / values, computed once by the
   encoder, are written into its rows, zero-padded to the buffer's source capacity (Pad, then
   ScatterND);
-- ``cache_resize.onnx``: every cache re-laid out at another width along the sequence axis (Pad,
-  then Slice), run when the longest row needs a wider (or allows a narrower) cache.
+- ``cache_resize.onnx``: every cache re-laid out at another width along the sequence axis (one
+  Pad, negative pads cutting), run when the longest row needs a wider (or allows a narrower)
+  cache.
 
 They run on the decoder's own device, so the cache never leaves it.
 """
@@ -113,7 +114,12 @@ def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str)
 def cache_resize_model(
     num_layers: int, heads: int, head_dim: int, kv_dtype: str
 ) -> onnx.ModelProto:
-    """``cache_resize``: every buffer cut or zero-padded to ``width`` along axis 2."""
+    """``cache_resize``: every buffer cut or zero-padded to ``width`` along axis 2.
+
+    One ``Pad`` per buffer whose end pad on axis 2 is ``width`` minus the buffer's width: positive
+    pads with zeros, negative cuts (ONNX ``Pad`` crops on negative pads), so a re-layout copies
+    each buffer once.
+    """
     elem = _ONNX_TYPES[kv_dtype]
     names = resize_buffer_names(num_layers)
     nodes = []
@@ -121,15 +127,12 @@ def cache_resize_model(
         nodes += [
             helper.make_node("Shape", [name], [f"{name}_shape"]),
             helper.make_node("Gather", [f"{name}_shape", "source_axis"], [f"{name}_width"]),
-            helper.make_node("Sub", [WIDTH, f"{name}_width"], [f"{name}_more"]),
-            helper.make_node("Max", [f"{name}_more", "one_zero"], [f"{name}_missing"]),
+            helper.make_node("Sub", [WIDTH, f"{name}_width"], [f"{name}_change"]),
+            # pads (begin of axes 0-3, end of axes 0-3): only the end of axis 2 changes.
             helper.make_node(
-                "Concat", ["six_zeros", f"{name}_missing", "one_zero"], [f"{name}_pads"], axis=0
+                "Concat", ["six_zeros", f"{name}_change", "one_zero"], [f"{name}_pads"], axis=0
             ),
-            helper.make_node("Pad", [name, f"{name}_pads"], [f"{name}_padded"]),
-            helper.make_node(
-                "Slice", [f"{name}_padded", "one_zero", WIDTH, "source_axis"], [written_name(name)]
-            ),
+            helper.make_node("Pad", [name, f"{name}_pads"], [written_name(name)]),
         ]
     graph = helper.make_graph(
         nodes,
