@@ -27,6 +27,7 @@ import numpy as np
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
 from serving.engine.decode_cache import DecodeCache
+from serving.engine.gauges import GaugeBoard
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
     ErrorEvent,
@@ -94,6 +95,8 @@ class InFlightEngine:
         metrics: ServingMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         cache: DecodeCache | None = None,
+        instance: int = 0,
+        gauge_board: GaugeBoard | None = None,
     ) -> None:
         """Create a stopped engine; ``start()`` it.
 
@@ -107,6 +110,9 @@ class InFlightEngine:
             clock: monotonic seconds; injectable for tests.
             cache: the KV cache; by default the padded cache over ``runner`` (see
                 ``serving.engine.decode_cache`` for the in-place one).
+            instance: this engine's index among the model's instances (``EnginePool``).
+            gauge_board: where the instances' gauges are summed into the model's; None for a
+                model of one instance.
         """
         self.name = name
         self.runner = runner
@@ -132,10 +138,9 @@ class InFlightEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (tests and benchmarks read it)
-        # One of several instances of the model (``EnginePool``): its gauges are summed there.
-        self.instance = 0
+        self.instance = instance
+        self.gauge_board = gauge_board
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
-        self.gauge_board: Any = None  # serving.engine.pool.GaugeBoard
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:

@@ -11,30 +11,11 @@ instance's threads only. Each request goes to the instance with the fewest rows 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from serving.engine.inflight import InFlightEngine
 from serving.engine.requests import Event, GenerationRequest
-
-
-class GaugeBoard:
-    """The model's gauges summed over its instances (each instance reports its own value)."""
-
-    def __init__(self, instances: int) -> None:
-        self._values: dict[str, list[float]] = {}
-        self._instances = instances
-        self._lock = threading.Lock()
-
-    def update(self, instance: int, gauge: str, value: float) -> float:
-        """Record ``instance``'s ``value`` of ``gauge``; returns the model's value: the sum, or
-        for ``kv_cache_usage`` (a ratio of equal capacities) the mean."""
-        with self._lock:
-            values = self._values.setdefault(gauge, [0.0] * self._instances)
-            values[instance] = value
-            total = sum(values)
-        return total / self._instances if gauge == "kv_cache_usage" else total
 
 
 class EnginePool:

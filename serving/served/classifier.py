@@ -13,12 +13,12 @@ import numpy as np
 
 from contract.graphs import CLASSIFIER, IMAGE_INPUT, LOGITS
 from contract.model_config import ClassifierConfig
-from contract.repository import read_manifest
 from serving.backends.base import Backend
 from serving.batching.dynamic import DynamicBatcher
 from serving.errors import InvalidArgument
 from serving.metrics import ServingMetrics
-from serving.served.inputs import ImageSource, float_dtype
+from serving.served.entry import ServedEntry
+from serving.served.inputs import ImageSource
 
 DEFAULT_TOP_K = 5
 
@@ -44,7 +44,7 @@ class LabelScore:
     score: float
 
 
-class ServedClassifier:
+class ServedClassifier(ServedEntry):
     """One loaded classifier entry: its image checks and dynamic batcher."""
 
     def __init__(
@@ -59,13 +59,8 @@ class ServedClassifier:
         """Args: the entry's config.yaml, its version folder, the graph (None with ``batcher``),
         where the batcher records, and a batcher that runs elsewhere (a frontend process's
         handle on the engine process)."""
+        super().__init__(config, version_dir, backend)
         self.config = config
-        self.name = config.name
-        self.version = int(version_dir.name)
-        self.version_dir = version_dir
-        self.backend = backend
-        self.manifest = read_manifest(version_dir)
-        self.float_dtype = float_dtype(config.precision)
         self.images = ImageSource(
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype
         )

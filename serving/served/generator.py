@@ -16,14 +16,14 @@ import numpy as np
 
 from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES
 from contract.model_config import GeneratorConfig
-from contract.repository import read_manifest
 from contract.text import load_text_tokenizer
 from serving.backends.base import Backend
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.gauges import GaugeBoard
 from serving.engine.inflight import InFlightEngine
 from serving.engine.inplace_cache import InPlaceKVCache
-from serving.engine.pool import EnginePool, GaugeBoard
+from serving.engine.pool import EnginePool
 from serving.engine.requests import (
     ErrorEvent,
     Event,
@@ -36,7 +36,8 @@ from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
 from serving.metrics import ServingMetrics
 from serving.seq2seq import Seq2SeqRunner
-from serving.served.inputs import ImageSource, TextSource, float_dtype
+from serving.served.entry import ServedEntry
+from serving.served.inputs import ImageSource, TextSource
 
 
 @dataclass
@@ -84,9 +85,14 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
 
 
 def local_engine(
-    config: GeneratorConfig, backend: Backend, metrics: ServingMetrics | None
+    config: GeneratorConfig,
+    backend: Backend,
+    metrics: ServingMetrics | None,
+    instance: int = 0,
+    gauge_board: GaugeBoard | None = None,
 ) -> InFlightEngine:
-    """The in-process engine over ``backend`` (in-place KV cache when the graphs allow)."""
+    """The in-process engine over ``backend`` (in-place KV cache when the graphs allow);
+    ``instance`` and ``gauge_board`` for one of several instances of the model."""
     return InFlightEngine(
         config.name,
         Seq2SeqRunner(backend, config.decoder),
@@ -95,6 +101,8 @@ def local_engine(
         config.batching,
         metrics,
         cache=inplace_cache(backend, config),
+        instance=instance,
+        gauge_board=gauge_board,
     )
 
 
@@ -105,12 +113,7 @@ def local_engines(
     if len(backends) == 1:
         return local_engine(config, backends[0], metrics)
     board = GaugeBoard(len(backends))
-    engines = []
-    for instance, backend in enumerate(backends):
-        engine = local_engine(config, backend, metrics)
-        engine.instance, engine.gauge_board = instance, board
-        engines.append(engine)
-    return EnginePool(engines)
+    return EnginePool([local_engine(config, b, metrics, i, board) for i, b in enumerate(backends)])
 
 
 class GenerationEngine(Protocol):
@@ -132,7 +135,7 @@ class GenerationEngine(Protocol):
     def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]: ...
 
 
-class ServedGenerator:
+class ServedGenerator(ServedEntry):
     """One loaded seq2seq entry: its tokenizer, input checks and in-flight engine.
 
     Args:
@@ -154,13 +157,8 @@ class ServedGenerator:
         engine: GenerationEngine | None = None,
         more_backends: Sequence[Backend] = (),
     ) -> None:
+        super().__init__(config, version_dir, backend)
         self.config = config
-        self.name = config.name
-        self.version = int(version_dir.name)
-        self.version_dir = version_dir
-        self.backend = backend
-        self.manifest = read_manifest(version_dir)
-        self.float_dtype = float_dtype(config.precision)
         self.tokenizer = load_text_tokenizer(version_dir, config.tokenizer)
         limits = config.limits
         self.text = (

@@ -20,7 +20,8 @@ import pytest
 
 from contract.model_config import GeneratorConfig
 from contract.repository import read_model_config
-from serving.engine.pool import EnginePool, GaugeBoard
+from serving.engine.gauges import GaugeBoard
+from serving.engine.pool import EnginePool
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from tests.reliability.harness import copy_repository, sample, scrape, wait_until
