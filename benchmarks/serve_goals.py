@@ -236,7 +236,7 @@ def translate_overhead_goal(
 def vit_goals(points: list[dict[str, Any]], vit: dict[str, Any]) -> list[dict[str, Any]]:
     """Per setup with dynamic batching on / off: overhead and concurrency 32 throughput."""
     goals = []
-    for setup in ("batching", "no_batching", "two_frontends"):
+    for setup in ("batching", "no_batching", "two_frontends", "instances"):
         closed = {"model": "vit", "variant": setup, "method": "classify", "loop": "closed"}
         c1 = find_point(points, **closed, concurrency=1)
         c32 = find_point(points, **closed, concurrency=GOAL_CONCURRENCY)

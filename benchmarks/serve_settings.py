@@ -10,9 +10,9 @@ Setups (how the server batches; ``serve_setups`` writes each one's repository):
   ViT with max_batch_size=1 (dynamic batching off);
 - ``two_frontends``: ``batching``'s configuration served by ``--frontend-workers 2`` (two gRPC
   frontend processes and one engine process on the same port);
-- ``instances``: ``batching``'s translator with ``batching.instances: 2`` (two in-flight engines
-  with half the intra-op threads each, sharing one set of sessions when that is one thread; one
-  frontend). The ViT is not served.
+- ``instances``: ``batching``'s models with ``batching.instances: 2`` (the translator's two
+  in-flight engines, the ViT's two concurrent batches, with half the intra-op threads each,
+  sharing one set of sessions when that is one thread; one frontend).
 
 The load generator spreads each point's calls over ``connections`` TCP connections (every setup
 alike), so that the kernel has connections to hand to each frontend process.
@@ -30,7 +30,7 @@ from typing import Any
 SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances")
 FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
 FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
-INSTANCES = {"instances": 2}  # the translator's batching.instances (default 1)
+INSTANCES = {"instances": 2}  # the models' batching.instances (default 1)
 MODELS = ("translator", "vit")
 GOAL_CONCURRENCY = 32  # the concurrency (and offline batch size) the throughput goals compare at
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"

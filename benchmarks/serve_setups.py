@@ -30,8 +30,12 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
         "vit": {"max_batch_size": 1, "max_queue_delay_us": 0},
     },
     "two_frontends": {"translator": {}, "vit": {}},  # batching's, served by 2 frontend processes
-    # batching's translator as two in-flight engines, the intra-op threads split between them
-    "instances": {"translator": {"instances": INSTANCES["instances"]}},
+    # batching's models as two instances (the translator's in-flight engines, the ViT's
+    # concurrent batches), the intra-op threads split between them
+    "instances": {
+        "translator": {"instances": INSTANCES["instances"]},
+        "vit": {"instances": INSTANCES["instances"]},
+    },
 }
 
 

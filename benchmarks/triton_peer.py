@@ -134,7 +134,9 @@ def vit_spec(entry: Path, threads: int) -> dict[str, Any]:
         "labels": list(config.labels),
         "max_batch_size": config.batching.max_batch_size,
         "delay_us": config.batching.max_queue_delay_us,
-        "threads": threads,
+        # attnserve's batching.instances as Triton's instance count, the threads split alike
+        "instances": config.batching.instances,
+        "threads": max(1, threads // config.batching.instances),
         "host": "127.0.0.1",
         "grpc_port": free_port(),
         "http_port": free_port(),

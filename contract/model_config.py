@@ -57,9 +57,13 @@ class DynamicBatching:
     max_queue_delay_us: int = 0
     max_queue_size: int = 256  # queued requests beyond this get RESOURCE_EXHAUSTED
     timeout_ms: int = 30_000  # per-request deadline when the client sets none (0 = none)
+    # Model instances (Triton's instance_group): up to this many batches run at once, each on
+    # its own thread (and its own sessions unless it has one intra-op thread: then all share
+    # one set). intra_op_threads 0 then means the cores divided among the instances.
+    instances: int = 1
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "max_batch_size")
+        _at_least_one(self, "max_batch_size", "instances")
         _not_negative(self, "max_queue_delay_us", "max_queue_size", "timeout_ms")
 
 
@@ -223,6 +227,9 @@ class ClassifierConfig:
     labels: tuple[str, ...] = ()  # class names in logit order
     onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
 
+    def __post_init__(self) -> None:
+        _instances_need_onnxruntime(self.batching.instances, self.backend)
+
 
 @dataclass(frozen=True, kw_only=True)
 class GeneratorConfig:
@@ -246,11 +253,15 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         if self.input == "image" and self.image is None:
             raise ValueError("a model with image input needs an `image` section")
-        if self.batching.instances > 1 and self.backend != "onnxruntime":
-            raise ValueError(
-                f"batching.instances {self.batching.instances} needs backend onnxruntime "
-                f"(got {self.backend}); set instances to 1"
-            )
+        _instances_need_onnxruntime(self.batching.instances, self.backend)
+
+
+def _instances_need_onnxruntime(instances: int, backend: str) -> None:
+    if instances > 1 and backend != "onnxruntime":
+        raise ValueError(
+            f"batching.instances {instances} needs backend onnxruntime (got {backend}); "
+            "set instances to 1"
+        )
 
 
 ModelConfig = ClassifierConfig | GeneratorConfig

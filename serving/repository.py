@@ -61,7 +61,8 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
 
 
 def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
-    """One backend per engine instance (``batching.instances`` of a generator, else one).
+    """One backend per instance (``batching.instances``: in-flight engines of a generator,
+    concurrent batches of a classifier).
 
     With several instances and ``onnxruntime.intra_op_threads`` 0, each instance's sessions get
     the usable cores divided among the instances (at least 1). Instances of one thread share one
@@ -72,7 +73,7 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     Raises:
         BackendError: the backend is not available here or the graphs do not load.
     """
-    if not isinstance(config, GeneratorConfig) or config.batching.instances == 1:
+    if config.batching.instances == 1:
         return [make_backend(config, version_dir)]
     instances = config.batching.instances
     if config.onnxruntime.intra_op_threads == 0:

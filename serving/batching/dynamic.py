@@ -2,8 +2,9 @@
 
 Requests queue up; a batch is dispatched when ``max_batch_size`` requests are queued or when the
 oldest queued request has waited ``max_queue_delay_us``. The batch function runs in an executor
-thread (ONNX Runtime releases the GIL), so the event loop keeps accepting requests; one batch runs
-at a time per batcher. A batch of N items gives exactly N results, each carrying its own error.
+thread (ONNX Runtime releases the GIL), so the event loop keeps accepting requests; up to
+``instances`` batches run at a time per batcher (Triton's instance_group), each on its own
+executor thread. A batch of N items gives exactly N results, each carrying its own error.
 
 No model and no I/O in here: ``run_batch`` is whatever the caller passes.
 
@@ -124,10 +125,12 @@ class DynamicBatcher(Generic[T, R]):
         Args:
             name: model name, used in error messages and as the metrics ``model`` label.
             run_batch: runs a list of items and returns one result or exception per item, in
-                order. Called in ``executor``, never concurrently with itself.
-            settings: max_batch_size, max_queue_delay_us, max_queue_size, timeout_ms.
+                order. Called in ``executor``, at most ``settings.instances`` calls at once.
+            settings: max_batch_size, max_queue_delay_us, max_queue_size, timeout_ms,
+                instances.
             stage: the metrics ``stage`` label of batch size and compute time.
-            executor: where ``run_batch`` runs; by default a one-thread pool the batcher owns.
+            executor: where ``run_batch`` runs; by default a pool of ``settings.instances``
+                threads the batcher owns.
             metrics: where to record queue time, batch size, compute time and queue depth.
             clock: monotonic seconds; injectable for tests.
         """
@@ -143,6 +146,7 @@ class DynamicBatcher(Generic[T, R]):
         self._queue: deque[_Pending[T, R]] = deque()
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()  # batches being run
         self._closed = False
 
     @property
@@ -167,7 +171,7 @@ class DynamicBatcher(Generic[T, R]):
             return
         if self._owns_executor:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"batcher-{self.name}"
+                max_workers=self._settings.instances, thread_name_prefix=f"batcher-{self.name}"
             )
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"batcher-{self.name}"
@@ -239,20 +243,36 @@ class DynamicBatcher(Generic[T, R]):
             self._fail_queued(lambda: Internal(f"{self.name}: batcher crashed; see server log"))
 
     async def _loop(self) -> None:
-        while True:
-            self._wakeup.clear()
-            now = self._clock()
-            self._drop_expired(now)
-            if not self._queue:
-                if self._closed:
-                    return
-                await self._wakeup.wait()
-            elif self._closed or self._ready(now):  # draining: no point waiting for batch-mates
-                await self._execute(self._take_batch(now))
-            else:
-                await self._sleep(
-                    delay_remaining(self._queue[0].enqueued_at, now, self._max_delay_s)
-                )
+        try:
+            while True:
+                self._wakeup.clear()
+                now = self._clock()
+                self._drop_expired(now)
+                if not self._queue:
+                    if self._closed:
+                        return
+                    await self._wakeup.wait()
+                elif len(self._running) >= self._settings.instances:
+                    await self._batch_done()  # every instance busy: batch-mates keep queueing
+                elif self._closed or self._ready(now):  # draining: no need to wait for mates
+                    self._dispatch(self._take_batch(now))
+                else:
+                    await self._sleep(
+                        delay_remaining(self._queue[0].enqueued_at, now, self._max_delay_s)
+                    )
+        finally:
+            if self._running:  # stopping (or a crash): the batches already running finish
+                await asyncio.wait(self._running)
+
+    def _dispatch(self, batch: list[_Pending[T, R]]) -> None:
+        """Start running ``batch`` on a free instance; the loop goes on meanwhile."""
+        task = asyncio.get_running_loop().create_task(self._execute(batch))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _batch_done(self) -> None:
+        """Wait until a running batch ends (what queues meanwhile forms the next batch)."""
+        await asyncio.wait(self._running, return_when=asyncio.FIRST_COMPLETED)
 
     def _ready(self, now: float) -> bool:
         full = batch_is_full(len(self._queue), self._settings.max_batch_size)

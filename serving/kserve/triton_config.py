@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 
-from contract.model_config import GeneratorConfig
 from serving.kserve.signature import TensorSpec, max_batch, platform, signature
 from serving.kserve.tensors import BYTES
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -58,7 +57,7 @@ def model_config(model: ServedModel) -> pb.ModelConfig:
         instance_group=[
             pb.ModelInstanceGroup(
                 name=f"{c.name}_0",
-                count=c.batching.instances if isinstance(c, GeneratorConfig) else 1,
+                count=c.batching.instances,
                 kind=pb.ModelInstanceGroup.KIND_GPU if gpu else pb.ModelInstanceGroup.KIND_CPU,
             )
         ],

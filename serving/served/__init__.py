@@ -35,8 +35,8 @@ def serve(
     metrics: ServingMetrics | None = None,
     more_backends: Sequence[Backend] = (),
 ) -> ServedModel:
-    """The served model of a repository entry's kind (not started yet); ``more_backends``: a
-    generator's further engine instances."""
+    """The served model of a repository entry's kind (not started yet); ``more_backends``: the
+    graphs of its further instances (``batching.instances``)."""
     if isinstance(config, ClassifierConfig):
-        return ServedClassifier(config, version_dir, backend, metrics)
+        return ServedClassifier(config, version_dir, backend, metrics, more_backends=more_backends)
     return ServedGenerator(config, version_dir, backend, metrics, more_backends=more_backends)

@@ -5,6 +5,8 @@ Plain Python types in and out (no protobuf): both gRPC services call this.
 
 from __future__ import annotations
 
+import queue
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -55,12 +57,17 @@ class ServedClassifier(ServedEntry):
         metrics: ServingMetrics | None = None,
         *,
         batcher: Batcher | None = None,
+        more_backends: Sequence[Backend] = (),
     ) -> None:
         """Args: the entry's config.yaml, its version folder, the graph (None with ``batcher``),
-        where the batcher records, and a batcher that runs elsewhere (a frontend process's
-        handle on the engine process)."""
+        where the batcher records, a batcher that runs elsewhere (a frontend process's handle
+        on the engine process), and the graphs of further instances (``batching.instances``:
+        each concurrent batch takes a free one; instances of one thread share one)."""
         super().__init__(config, version_dir, backend)
         self.config = config
+        self._free: queue.SimpleQueue[Backend] = queue.SimpleQueue()
+        for instance in [backend, *more_backends] if backend is not None else []:
+            self._free.put(instance)
         self.images = ImageSource(
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype
         )
@@ -111,7 +118,11 @@ class ServedClassifier(ServedEntry):
         ]
 
     def _classify_batch(self, items: list[np.ndarray]) -> list[np.ndarray]:
-        logits = self.backend.run(CLASSIFIER, {IMAGE_INPUT: np.stack(items)})[LOGITS]
+        backend = self._free.get()  # the batcher runs at most one batch per instance
+        try:
+            logits = backend.run(CLASSIFIER, {IMAGE_INPUT: np.stack(items)})[LOGITS]
+        finally:
+            self._free.put(backend)
         logits = logits.astype(np.float64)
         exp = np.exp(logits - logits.max(-1, keepdims=True))
         return list((exp / exp.sum(-1, keepdims=True)).astype(np.float32))

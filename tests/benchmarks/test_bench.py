@@ -147,14 +147,17 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     workers = {(v["name"], v["model"]): v["frontend_workers"] for v in result["variants"]}
     assert workers[("two_frontends", "vit")] == 2 and workers[("batching", "vit")] == 1
     assert batchings[("two_frontends", "translator")] == batchings[("batching", "translator")]
-    # Two engine instances share the run's threads; the ViT has no instances to serve there.
+    # Two instances of each model share the run's threads.
     assert batchings[("instances", "translator")]["instances"] == 2
-    assert ("instances", "vit") not in batchings
+    assert batchings[("instances", "vit")]["instances"] == 2
     threads = {
         (v["name"], v["model"]): v["onnxruntime"]["intra_op_threads"] for v in result["variants"]
     }
     total = result["settings"]["threads"]
     assert threads[("instances", "translator")] == max(1, total // 2)
+    assert threads[("instances", "vit")] == max(1, total // 2)
+    classified = {p["variant"] for p in points if p["method"] == "classify"}
+    assert "instances" in classified
     assert threads[("batching", "translator")] == total
     assert result["settings"]["connections"] == 4
     names = {g["name"] for g in result["goals"]}

@@ -420,3 +420,63 @@ def test_every_submit_gets_exactly_its_own_outcome(
     assert all(1 <= len(batch) <= max_batch_size for batch in batches)
     assert sorted(t for batch in batches for t in batch) == sorted(tagged)
     assert not any(isinstance(r, ServingError) for r in results)
+
+
+# --- instances: several batches at once -----------------------------------------------------
+
+
+class ConcurrencyProbe:
+    """A ``run_batch`` that records how many calls overlap; each call lasts ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.running = 0
+        self.most = 0
+        self.batches: list[list[int]] = []
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.batches.append(list(items))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.running -= 1
+        return [2 * x for x in items]
+
+
+@pytest.mark.parametrize("instances", [1, 2, 3])
+def test_instances_bound_the_batches_running_at_once(instances: int) -> None:
+    """With ``instances`` N, N batches run at once when the load allows and never more; every
+    request still gets its own answer."""
+    probe = ConcurrencyProbe(seconds=0.05)
+    batching = make_settings(max_batch_size=2, max_queue_delay_us=0, instances=instances)
+
+    async def body(batcher: DynamicBatcher[int, int]) -> list[int]:
+        return list(await asyncio.gather(*(batcher.submit(i) for i in range(12))))
+
+    results = run_with_batcher(probe, batching, body)  # type: ignore[arg-type]
+    assert results == [2 * i for i in range(12)]
+    assert probe.most == instances
+    assert sorted(x for batch in probe.batches for x in batch) == list(range(12))
+    assert all(len(batch) <= 2 for batch in probe.batches)
+
+
+def test_stop_waits_for_every_running_batch() -> None:
+    """A drain with two batches in flight ends after both, each caller answered."""
+    probe = ConcurrencyProbe(seconds=0.1)
+    batching = make_settings(max_batch_size=1, max_queue_delay_us=0, instances=2)
+
+    async def main() -> list[int]:
+        batcher: DynamicBatcher[int, int] = DynamicBatcher("m", probe, batching)  # type: ignore[arg-type]
+        await batcher.start()
+        calls = [asyncio.ensure_future(batcher.submit(i)) for i in range(2)]
+        await wait_until(lambda: probe.running == 2)
+        await batcher.stop(drain=True)
+        assert probe.running == 0 and all(call.done() for call in calls)
+        return [call.result() for call in calls]
+
+    assert asyncio.run(main()) == [0, 2]

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 
-from contract.model_config import GeneratorConfig
 from contract.repository import read_model_config
 from serving.engine.gauges import GaugeBoard
 from serving.engine.pool import EnginePool
@@ -45,6 +45,7 @@ def servers(
         tiny_repository,
         tmp_path_factory.mktemp("two") / "repository",
         translator={"batching": {**LIMITS, "instances": 2}},
+        vit={"batching": {"instances": 2}},
     )
     with ServerThread(one) as first, ServerThread(two) as second:
         yield first, second
@@ -157,9 +158,9 @@ def test_gauge_board_sums_and_averages_the_usage() -> None:
     assert board.update(1, "kv_cache_usage", 0.25) == 0.375
 
 
-def test_instances_are_checked_in_config_yaml(tiny_repository: Path) -> None:
-    config = read_model_config(tiny_repository / "translator")
-    assert isinstance(config, GeneratorConfig)
+@pytest.mark.parametrize("model", ["translator", "vit"])
+def test_instances_are_checked_in_config_yaml(tiny_repository: Path, model: str) -> None:
+    config = read_model_config(tiny_repository / model)
     with pytest.raises(ValueError, match="instances must be >= 1"):
         type(config.batching)(instances=0)
     with pytest.raises(ValueError, match="needs backend onnxruntime"):
@@ -176,19 +177,49 @@ def test_triton_model_config_counts_the_instances(
     for server in servers:
         with grpc.insecure_channel(server.address) as channel:
             stub = kpb_grpc.GRPCInferenceServiceStub(channel)
-            reply = stub.ModelConfig(kpb.ModelConfigRequest(name="translator"), timeout=10)
-        counts.append([group.count for group in reply.config.instance_group])
-    assert counts == [[1], [2]]
+            for model in ("translator", "vit"):
+                reply = stub.ModelConfig(kpb.ModelConfigRequest(name=model), timeout=10)
+                counts.append([group.count for group in reply.config.instance_group])
+    assert counts == [[1], [1], [2], [2]]
 
 
+def classify_all(server: ServerThread, images: list[bytes]) -> list[list[float]]:
+    """Every image at once (one Classify call each): the top-3 scores in the images' order."""
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+
+        def one(image: bytes) -> list[float]:
+            reply = stub.Classify(pb.ClassifyRequest(image=image, top_k=3), timeout=60)
+            return [label.score for label in reply.labels]
+
+        with concurrent.futures.ThreadPoolExecutor(len(images)) as pool:
+            return list(pool.map(one, images))
+
+
+def test_two_classifier_instances_answer_what_one_answers(
+    servers: tuple[ServerThread, ServerThread],
+) -> None:
+    """The ViT with ``batching.instances: 2`` runs two batches at once, same answers."""
+    from contract.images import encode_png
+    from models.data import digits
+
+    pixels = digits.load_digits_split("test")[0][:24]
+    images = [encode_png(image) for image in pixels]
+    one, two = (classify_all(server, images) for server in servers)
+    np.testing.assert_allclose(one, two, atol=1e-5)
+    assert two[0] and all(len(scores) == 3 for scores in two)
+
+
+@pytest.mark.parametrize("model", ["translator", "vit"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_one_thread_instances_share_their_sessions(tiny_repository: Path, threads: int) -> None:
+def test_one_thread_instances_share_their_sessions(
+    tiny_repository: Path, threads: int, model: str
+) -> None:
     from contract.repository import resolve_version
     from serving.repository import make_backends
 
-    entry = tiny_repository / "translator"
+    entry = tiny_repository / model
     config = read_model_config(entry)
-    assert isinstance(config, GeneratorConfig)
     config = replace(
         config,
         batching=replace(config.batching, instances=3),
