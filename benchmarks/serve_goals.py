@@ -32,6 +32,7 @@ from benchmarks.serve_settings import (
     INSTANCES,
     SETUPS,
 )
+from benchmarks.serve_setups import BATCHING_EDITS
 
 RETIRED_GOALS = ("vit_c1_images_per_s[batching]", "vit_c1_images_per_s[no_batching]")
 VIT_C32_OF_ORT = 0.90  # goal: >= 90% of onnxruntime's batch-32 rate at concurrency 32
@@ -236,7 +237,7 @@ def translate_overhead_goal(
 def vit_goals(points: list[dict[str, Any]], vit: dict[str, Any]) -> list[dict[str, Any]]:
     """Per setup with dynamic batching on / off: overhead and concurrency 32 throughput."""
     goals = []
-    for setup in ("batching", "no_batching", "two_frontends", "instances"):
+    for setup in (s for s in SETUPS if "vit" in BATCHING_EDITS[s]):
         closed = {"model": "vit", "variant": setup, "method": "classify", "loop": "closed"}
         c1 = find_point(points, **closed, concurrency=1)
         c32 = find_point(points, **closed, concurrency=GOAL_CONCURRENCY)

@@ -81,15 +81,6 @@ def infer_function(spec: dict[str, Any]) -> Any:
     return infer
 
 
-def infer_functions(spec: dict[str, Any]) -> Any:
-    """The model's callable, or one per instance (Triton's instance_group), each with its own
-    session, when attnserve's entry has several instances."""
-    instances = spec.get("instances", 1)
-    if instances == 1:
-        return infer_function(spec)
-    return [infer_function(spec) for _ in range(instances)]
-
-
 def serve(spec: dict[str, Any]) -> None:
     """Bind the model, run Triton, announce the port, wait for SIGTERM / SIGINT, stop."""
     import numpy as np
@@ -114,7 +105,8 @@ def serve(spec: dict[str, Any]) -> None:
     with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=[])) as t:
         t.bind(
             model_name=spec["name"],
-            infer_func=infer_functions(spec),
+            # one callable per model instance (Triton's instance_group), each with its session
+            infer_func=[infer_function(spec) for _ in range(spec["instances"])],
             inputs=[Tensor(name="image", dtype=np.uint8, shape=(size, size, 3))],
             outputs=[
                 Tensor(name="probabilities", dtype=np.float32, shape=(len(spec["labels"]),)),

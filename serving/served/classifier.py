@@ -65,8 +65,8 @@ class ServedClassifier(ServedEntry):
         each concurrent batch takes a free one; instances of one thread share one)."""
         super().__init__(config, version_dir, backend)
         self.config = config
-        self._free: queue.SimpleQueue[Backend] = queue.SimpleQueue()
-        for instance in [backend, *more_backends] if backend is not None else []:
+        self._free: queue.SimpleQueue[Backend] = queue.SimpleQueue()  # idle instances' graphs
+        for instance in (backend, *more_backends) if backend is not None else ():
             self._free.put(instance)
         self.images = ImageSource(
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype

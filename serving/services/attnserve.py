@@ -125,10 +125,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             )
             for text in request.texts
         ]
-        if len(jobs) == 1:  # no tasks to make and gather for the common one-text request
-            results = [await model.generate(jobs[0])]
-        else:
-            results = await _generate_all(model, jobs)
+        results = await _generate_all(model, jobs)
         response = pb.TranslateResponse(model=model.name, model_version=str(model.version))
         for result in results:
             response.translations.append(
@@ -270,7 +267,9 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
 
 async def _generate_all(model: Any, jobs: list[Any]) -> list[Any]:
     """Every job generated concurrently; if one fails (or the call is cancelled), the others'
-    work stops too."""
+    work stops too. One job (the common one-text request) is awaited without a task."""
+    if len(jobs) == 1:  # its own cancellation frees its rows (the engine's generate_chunks)
+        return [await model.generate(jobs[0])]
     tasks = [asyncio.ensure_future(model.generate(job)) for job in jobs]
     try:
         return list(await asyncio.gather(*tasks))
