@@ -98,6 +98,14 @@ def decoder_output_names(num_layers: int) -> list[str]:
 #     buffer.{j}_out [n, heads, width, head_dim]: cut or zero-padded along axis 2. The server keeps
 #     each cache as compact as its longest row needs (attention kernels read the whole bound
 #     width) and re-lays it out through this graph when that width changes.
+#
+# With an int8 KV cache (export --kv-cache-dtype int8) every cache tensor is int8 with one fp32
+# scale per cached vector (symmetric: value = int8 * scale), and the keys are stored transposed so
+# that a step's scores are one int8 GEMM per row and head:
+#     {past,cross}_key.{i} int8 [batch, heads, head_dim, width] + {name}_scale fp32 [.., 1, width]
+#     {past,cross}_value.{i} int8 [batch, heads, width, head_dim] + {name}_scale fp32 [.., width, 1]
+# The decoder and cache_write quantise what they write; cache_write takes the encoder's float
+# cross keys / values; cache_resize / cache_copy treat the scales as four more buffers per layer.
 DECODER_INPLACE, CACHE_COPY, CACHE_WRITE = "decoder_inplace", "cache_copy", "cache_write"
 CACHE_RESIZE = "cache_resize"
 DECODER_INPLACE_FILE = "decoder_inplace.onnx"
@@ -115,9 +123,31 @@ DECODER_INPLACE_STEP_INPUTS = ("input_ids", "cache_lengths", "cross_lengths")
 ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"
 
 
-def resize_buffer_names(num_layers: int) -> list[str]:
-    """The buffer inputs of ``cache_resize`` (one per key and value of every layer)."""
-    return [f"buffer.{j}" for j in range(2 * num_layers)]
+KV_CACHE_DTYPES = ("float", "int8")  # the in-place cache: the graphs' float type, or int8 + scales
+
+
+def resize_buffer_names(count: int) -> list[str]:
+    """The ``count`` buffer inputs of ``cache_resize`` (``cache_buffer_names`` order)."""
+    return [f"buffer.{j}" for j in range(count)]
+
+
+def scale_name(buffer_name: str) -> str:
+    """The fp32 scales of an int8 cache buffer (one per cached vector)."""
+    return f"{buffer_name}_scale"
+
+
+def cache_buffer_names(prefix: str, num_layers: int, kv_dtype: str) -> list[str]:
+    """Every cache tensor of ``prefix`` (``past`` / ``present`` / ``cross``) in graph order:
+    key, value per layer; with an int8 cache key, key scale, value, value scale."""
+    names = kv_names(prefix, num_layers)
+    if kv_dtype != "int8":
+        return names
+    return [n for name in names for n in (name, scale_name(name))]
+
+
+def width_axis(buffer_name: str, kv_dtype: str) -> int:
+    """The axis positions run along: 3 for an int8 cache's (transposed) keys and key scales."""
+    return 3 if kv_dtype == "int8" and "_key." in buffer_name else 2
 
 
 def decoder_inplace_input_names(num_layers: int) -> list[str]:

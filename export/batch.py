@@ -46,6 +46,7 @@ SUMMARY_FILE = "export-summary.json"
 MIN_PARITY_EXAMPLES = 100  # the end-to-end parity rule of `attnserve export`
 
 Precision = Literal["fp32", "fp16", "int8"]
+KvCacheDtype = Literal["float", "int8"]
 
 
 # --------------------------------------------------------------------------- plan schema
@@ -57,6 +58,7 @@ class PlanDefaults:
 
     opset: int = 23  # ONNX opset; >= 23 gives the fused Attention op
     precision: Precision = "fp32"  # fp32 | fp16 | int8
+    kv_cache_dtype: KvCacheDtype = "float"  # float | int8 (with precision int8)
     force: bool = False  # overwrite existing versions
     parity_examples: int = 128  # held-out examples checked end to end (>= 100)
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
@@ -74,6 +76,7 @@ class PlanModel:
     version: int = 1  # version folder
     opset: int | None = None
     precision: Precision | None = None
+    kv_cache_dtype: KvCacheDtype | None = None
     force: bool | None = None
     parity_examples: int | None = None
     tensorrt: bool | None = None

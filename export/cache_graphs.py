@@ -12,6 +12,10 @@ of input ``X`` (``contract.graphs`` documents them):
   Pad, negative pads cutting), run when the longest row needs a wider (or allows a narrower)
   cache.
 
+With an int8 cache (``kv_dtype="int8"``, ``contract.graphs`` has the layout) every buffer has a
+scale buffer beside it, the keys lie transposed, and ``cache_write`` quantises the encoder's float
+keys / values as the decoder quantises its own (``quantize_vectors``).
+
 They run on the decoder's own device, so the cache never leaves it.
 """
 
@@ -32,20 +36,35 @@ from contract.graphs import (
     ROWS,
     SOURCE_ROWS,
     WIDTH,
+    cache_buffer_names,
     kv_names,
     resize_buffer_names,
+    scale_name,
     update_name,
+    width_axis,
     written_name,
 )
 
 HELPER_OPSET = 18
+KV_DTYPES = ("fp32", "fp16", "int8")
 _ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
+INT8_EPSILON = 1e-8  # the smallest absolute maximum a quantised vector is scaled by
 
 
 def _buffer(
-    name: str, elem_type: int, heads: int, head_dim: int, length: str
+    name: str, kv_dtype: str, heads: int, head_dim: int, length: str
 ) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem_type, ["rows_total", heads, length, head_dim])
+    """The value info of cache buffer ``name`` (or of its ``written_name``) with ``length``
+    positions, laid out as ``kv_dtype`` lays it out."""
+    like = name.removesuffix(written_name(""))
+    if kv_dtype != "int8":
+        shape = ["rows_total", heads, length, head_dim]
+        return helper.make_tensor_value_info(name, _ONNX_TYPES[kv_dtype], shape)
+    inner = 1 if like.endswith("_scale") else head_dim
+    elem = TensorProto.FLOAT if like.endswith("_scale") else TensorProto.INT8
+    if width_axis(like, kv_dtype) == 3:
+        return helper.make_tensor_value_info(name, elem, ["rows_total", heads, inner, length])
+    return helper.make_tensor_value_info(name, elem, ["rows_total", heads, length, inner])
 
 
 def _rows_input(name: str) -> onnx.ValueInfoProto:
@@ -59,10 +78,58 @@ def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
+def _axis_constants() -> list[onnx.TensorProto]:
+    return [
+        helper.make_tensor("last_axis", TensorProto.INT64, [1], [1]),
+        helper.make_tensor("axis_2", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("axis_3", TensorProto.INT64, [1], [3]),
+        helper.make_tensor("six_zeros", TensorProto.INT64, [6], [0] * 6),
+        helper.make_tensor("seven_zeros", TensorProto.INT64, [7], [0] * 7),
+        helper.make_tensor("one_zero", TensorProto.INT64, [1], [0]),
+    ]
+
+
+def quantize_constants(prefix: str = "") -> list[onnx.TensorProto]:
+    """The constants ``quantize_vectors`` uses (``prefix`` keeps their names apart)."""
+    return [
+        helper.make_tensor(f"{prefix}vector_axis", TensorProto.INT64, [1], [3]),
+        helper.make_tensor(f"{prefix}epsilon", TensorProto.FLOAT, [], [INT8_EPSILON]),
+        helper.make_tensor(f"{prefix}inverse_127", TensorProto.FLOAT, [], [1 / 127]),
+        helper.make_tensor(f"{prefix}inverse_255", TensorProto.FLOAT, [], [1 / 255]),
+    ]
+
+
+def quantize_vectors(
+    x: str, out: str, prefix: str = "", kind: str = "int8"
+) -> list[onnx.NodeProto]:
+    """Nodes quantising ``x`` [..., n] with one fp32 scale per vector, ``out_scale`` [..., 1]:
+
+    - ``int8``: symmetric, ``scale = max(|x|) / 127``, ``out`` int8;
+    - ``uint8``: ``x`` >= 0 (attention weights), ``scale = max(x) / 255``, ``out`` uint8.
+
+    The largest value is at least ``INT8_EPSILON``, so an all-zero vector stays zero.
+    """
+    node = helper.make_node
+    signed = kind != "uint8"
+    nodes = [node("Abs", [x], [f"{out}_abs"])] if signed else []
+    nodes += [
+        node("ReduceMax", [f"{out}_abs" if signed else x, f"{prefix}vector_axis"], [f"{out}_max"]),
+        node("Max", [f"{out}_max", f"{prefix}epsilon"], [f"{out}_range"]),
+        node(
+            "Mul",
+            [f"{out}_range", prefix + ("inverse_127" if signed else "inverse_255")],
+            [scale_name(out)],
+        ),
+        node("Div", [x, scale_name(out)], [f"{out}_scaled"]),
+        node("Round", [f"{out}_scaled"], [f"{out}_rounded"]),
+    ]
+    to = TensorProto.INT8 if signed else TensorProto.UINT8
+    return [*nodes, node("Cast", [f"{out}_rounded"], [out], to=to)]
+
+
 def cache_copy_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str) -> onnx.ModelProto:
     """``cache_copy``: ``rows`` of every past key / value become copies of ``source_rows``."""
-    elem = _ONNX_TYPES[kv_dtype]
-    names = kv_names("past", num_layers)
+    names = cache_buffer_names("past", num_layers, kv_dtype)
     nodes = [helper.make_node("Unsqueeze", [ROWS, "last_axis"], ["indices"])]
     for name in names:
         nodes.append(helper.make_node("Gather", [name, SOURCE_ROWS], [f"{name}_rows"], axis=0))
@@ -73,40 +140,53 @@ def cache_copy_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str) 
         nodes,
         CACHE_COPY,
         [_rows_input(ROWS), _rows_input(SOURCE_ROWS)]
-        + [_buffer(n, elem, heads, head_dim, "capacity") for n in names],
-        [_buffer(written_name(n), elem, heads, head_dim, "capacity") for n in names],
+        + [_buffer(n, kv_dtype, heads, head_dim, "capacity") for n in names],
+        [_buffer(written_name(n), kv_dtype, heads, head_dim, "capacity") for n in names],
         initializer=[helper.make_tensor("last_axis", TensorProto.INT64, [1], [1])],
     )
     return _model(graph)
 
 
 def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str) -> onnx.ModelProto:
-    """``cache_write``: new cross keys / values written into ``rows``, padded along the source."""
-    elem = _ONNX_TYPES[kv_dtype]
-    names = kv_names("cross", num_layers)
+    """``cache_write``: new cross keys / values written into ``rows``, padded along the source
+    (quantised first, keys transposed, for an int8 cache)."""
+    int8 = kv_dtype == "int8"
+    update_type = TensorProto.FLOAT if int8 else _ONNX_TYPES[kv_dtype]
     nodes = [helper.make_node("Unsqueeze", [ROWS, "last_axis"], ["indices"])]
-    inputs = [_rows_input(ROWS)]
-    for name in names:
+    inputs, outputs = [_rows_input(ROWS)], []
+    for name in kv_names("cross", num_layers):
         new = update_name(name)
-        inputs += [
-            _buffer(name, elem, heads, head_dim, "source_capacity"),
-            helper.make_tensor_value_info(new, elem, ["n", heads, "source_length", head_dim]),
-        ]
-        nodes += _pad_to_buffer(name, new)
-        nodes.append(
-            helper.make_node("ScatterND", [name, "indices", f"{new}_padded"], [written_name(name)])
+        inputs.append(
+            helper.make_tensor_value_info(new, update_type, ["n", heads, "source_length", head_dim])
         )
+        written = {name: new}
+        if int8:
+            nodes += quantize_vectors(new, f"{new}_int8")
+            written = {name: f"{new}_int8", scale_name(name): scale_name(f"{new}_int8")}
+            if width_axis(name, kv_dtype) == 3:  # keys lie transposed
+                for buffer, value in list(written.items()):
+                    nodes.append(
+                        helper.make_node("Transpose", [value], [f"{value}_t"], perm=[0, 1, 3, 2])
+                    )
+                    written[buffer] = f"{value}_t"
+        for buffer, value in written.items():
+            inputs.insert(-1, _buffer(buffer, kv_dtype, heads, head_dim, "source_capacity"))
+            axis = width_axis(buffer, kv_dtype)
+            nodes += _pad_to_buffer(buffer, value, axis)
+            nodes.append(
+                helper.make_node(
+                    "ScatterND", [buffer, "indices", f"{value}_padded"], [written_name(buffer)]
+                )
+            )
+            outputs.append(
+                _buffer(written_name(buffer), kv_dtype, heads, head_dim, "source_capacity")
+            )
     graph = helper.make_graph(
         nodes,
         CACHE_WRITE,
         inputs,
-        [_buffer(written_name(n), elem, heads, head_dim, "source_capacity") for n in names],
-        initializer=[
-            helper.make_tensor("last_axis", TensorProto.INT64, [1], [1]),
-            helper.make_tensor("source_axis", TensorProto.INT64, [1], [2]),
-            helper.make_tensor("six_zeros", TensorProto.INT64, [6], [0] * 6),
-            helper.make_tensor("one_zero", TensorProto.INT64, [1], [0]),
-        ],
+        outputs,
+        initializer=_axis_constants() + (quantize_constants() if int8 else []),
     )
     return _model(graph)
 
@@ -114,53 +194,51 @@ def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str)
 def cache_resize_model(
     num_layers: int, heads: int, head_dim: int, kv_dtype: str
 ) -> onnx.ModelProto:
-    """``cache_resize``: every buffer cut or zero-padded to ``width`` along axis 2.
+    """``cache_resize``: every buffer cut or zero-padded to ``width`` along its positions' axis.
 
-    One ``Pad`` per buffer whose end pad on axis 2 is ``width`` minus the buffer's width: positive
-    pads with zeros, negative cuts (ONNX ``Pad`` crops on negative pads), so a re-layout copies
-    each buffer once.
+    One ``Pad`` per buffer whose end pad on that axis is ``width`` minus the buffer's width:
+    positive pads with zeros, negative cuts (ONNX ``Pad`` crops on negative pads), so a re-layout
+    copies each buffer once.
     """
-    elem = _ONNX_TYPES[kv_dtype]
-    names = resize_buffer_names(num_layers)
+    layout = cache_buffer_names("past", num_layers, kv_dtype)
+    names = resize_buffer_names(len(layout))
     nodes = []
-    for name in names:
+    inputs = [helper.make_tensor_value_info(WIDTH, TensorProto.INT64, [1])]
+    outputs = []
+    for name, like in zip(names, layout, strict=True):
+        axis = width_axis(like, kv_dtype)
         nodes += [
             helper.make_node("Shape", [name], [f"{name}_shape"]),
-            helper.make_node("Gather", [f"{name}_shape", "source_axis"], [f"{name}_width"]),
+            helper.make_node("Gather", [f"{name}_shape", f"axis_{axis}"], [f"{name}_width"]),
             helper.make_node("Sub", [WIDTH, f"{name}_width"], [f"{name}_change"]),
-            # pads (begin of axes 0-3, end of axes 0-3): only the end of axis 2 changes.
-            helper.make_node(
-                "Concat", ["six_zeros", f"{name}_change", "one_zero"], [f"{name}_pads"], axis=0
-            ),
+            helper.make_node("Concat", _end_pad(f"{name}_change", axis), [f"{name}_pads"], axis=0),
             helper.make_node("Pad", [name, f"{name}_pads"], [written_name(name)]),
         ]
-    graph = helper.make_graph(
-        nodes,
-        CACHE_RESIZE,
-        [helper.make_tensor_value_info(WIDTH, TensorProto.INT64, [1])]
-        + [_buffer(n, elem, heads, head_dim, "width_in") for n in names],
-        [_buffer(written_name(n), elem, heads, head_dim, "width_out") for n in names],
-        initializer=[
-            helper.make_tensor("source_axis", TensorProto.INT64, [1], [2]),
-            helper.make_tensor("six_zeros", TensorProto.INT64, [6], [0] * 6),
-            helper.make_tensor("one_zero", TensorProto.INT64, [1], [0]),
-        ],
-    )
+        buffer = _buffer(like, kv_dtype, heads, head_dim, "width_in")
+        buffer.name = name
+        inputs.append(buffer)
+        out = _buffer(like, kv_dtype, heads, head_dim, "width_out")
+        out.name = written_name(name)
+        outputs.append(out)
+    graph = helper.make_graph(nodes, CACHE_RESIZE, inputs, outputs, initializer=_axis_constants())
     return _model(graph)
 
 
-def _pad_to_buffer(buffer: str, new: str) -> list[onnx.NodeProto]:
-    """Nodes padding ``new`` with zeros at the end of axis 2 to the length of ``buffer``'s."""
+def _end_pad(change: str, axis: int) -> list[str]:
+    """Concat inputs of a 4-D ``Pad``'s pads (begins of axes 0-3, then ends) where only the end
+    of ``axis`` (2 or 3) changes, by ``change``."""
+    return ["six_zeros", change, "one_zero"] if axis == 2 else ["seven_zeros", change]
+
+
+def _pad_to_buffer(buffer: str, new: str, axis: int) -> list[onnx.NodeProto]:
+    """Nodes padding ``new`` with zeros at the end of ``axis`` to the length of ``buffer``'s."""
     return [
         helper.make_node("Shape", [buffer], [f"{new}_buffer_shape"]),
         helper.make_node("Shape", [new], [f"{new}_shape"]),
-        helper.make_node("Gather", [f"{new}_buffer_shape", "source_axis"], [f"{new}_capacity"]),
-        helper.make_node("Gather", [f"{new}_shape", "source_axis"], [f"{new}_length"]),
+        helper.make_node("Gather", [f"{new}_buffer_shape", f"axis_{axis}"], [f"{new}_capacity"]),
+        helper.make_node("Gather", [f"{new}_shape", f"axis_{axis}"], [f"{new}_length"]),
         helper.make_node("Sub", [f"{new}_capacity", f"{new}_length"], [f"{new}_missing"]),
-        # pads (begin of axes 0-3, end of axes 0-3): only the end of axis 2 grows.
-        helper.make_node(
-            "Concat", ["six_zeros", f"{new}_missing", "one_zero"], [f"{new}_pads"], axis=0
-        ),
+        helper.make_node("Concat", _end_pad(f"{new}_missing", axis), [f"{new}_pads"], axis=0),
         helper.make_node("Pad", [new, f"{new}_pads"], [f"{new}_padded"]),
     ]
 

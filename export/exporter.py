@@ -18,6 +18,7 @@ from contract.graphs import (
     DECODER_INPLACE,
     FUSED_ATTENTION_OPSET,
     INPLACE_GRAPH_FILES,
+    KV_CACHE_DTYPES,
     MAX_OPSET,
     MIN_OPSET,
 )
@@ -26,6 +27,7 @@ from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntime
 from contract.repository import REPOSITORY_FORMAT, write_manifest
 from export.cache_graphs import write_cache_graphs
 from export.errors import ExportError
+from export.kv_int8 import int8_kv_cache
 from export.onnx_export import export_graph, op_census
 from export.parity import (
     ParityReport,
@@ -61,6 +63,7 @@ class ExportOptions:
     version: int = 1  # version folder
     opset: int = FUSED_ATTENTION_OPSET  # >= 23: fused Attention op; lower: decomposed attention
     precision: str = "fp32"  # fp32 | fp16 | int8
+    kv_cache_dtype: str = "float"  # float (the graphs' float type) | int8 (with --precision int8)
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
     tensorrt_flavour: str | None = None  # auto | tensorrt | rtx (None: ATTNSERVE_TENSORRT_FLAVOUR)
     force: bool = False  # overwrite an existing version
@@ -86,6 +89,13 @@ def export(
         ExportError: export, quantisation or a parity check failed (nothing is left behind).
     """
     check_precision(options.precision)
+    if options.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ExportError(
+            f"unknown KV cache dtype {options.kv_cache_dtype!r}; supported: "
+            + ", ".join(KV_CACHE_DTYPES)
+        )
+    if options.kv_cache_dtype == "int8" and options.precision != "int8":
+        raise ExportError("--kv-cache-dtype int8 goes with --precision int8")
     if options.tensorrt and options.precision == "int8":
         raise ExportError("--tensorrt builds from fp32 or fp16 graphs; use --precision fp16")
     if not MIN_OPSET <= options.opset <= MAX_OPSET:
@@ -129,8 +139,12 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
                 import onnx
 
                 onnx_model = onnx.load(str(final))
+                if spec.name == DECODER_INPLACE and options.kv_cache_dtype == "int8":
+                    shape = decoder_spec(loaded.model.config)
+                    onnx_model = int8_kv_cache(onnx_model, shape.num_layers, shape.head_dim)
+                    onnx.save(onnx_model, str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
-    helpers = _write_cache_graphs(loaded, version_dir, options.precision)
+    helpers = _write_cache_graphs(loaded, version_dir, options)
     backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
         version_dir,
         {**{s.name: s.filename for s in specs}, **_helper_graphs(helpers)},
@@ -156,7 +170,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
         "files": [spec.filename for spec in specs] + helpers,
     }
     if helpers:
-        manifest["decoders"] = _decoder_variants(graphs, helpers)
+        manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype)
     if options.tensorrt:
         from export.tensorrt import build_engines
 
@@ -168,25 +182,34 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
     return manifest
 
 
-def _write_cache_graphs(loaded: LoadedSource, version_dir: Path, precision: str) -> list[str]:
+def _write_cache_graphs(
+    loaded: LoadedSource, version_dir: Path, options: ExportOptions
+) -> list[str]:
     """The in-place decoder's cache helper graphs (seq2seq models only)."""
     if loaded.kind == "vit":
         return []
     spec = decoder_spec(loaded.model.config)
-    kv_dtype = "fp16" if precision == "fp16" else "fp32"
+    kv_dtype = "fp16" if options.precision == "fp16" else "fp32"
+    if options.kv_cache_dtype == "int8":
+        kv_dtype = "int8"
     return write_cache_graphs(version_dir, spec.num_layers, spec.num_heads, spec.head_dim, kv_dtype)
 
 
-def _decoder_variants(graphs: dict[str, Any], helpers: list[str]) -> dict[str, Any]:
+def _decoder_variants(graphs: dict[str, Any], helpers: list[str], kv_dtype: str) -> dict[str, Any]:
     """What manifest.json says about the two decoder graphs: the server prefers the in-place
     one and falls back to the growing-cache graph where a runtime cannot run opset 24."""
+    written = (
+        "int8 with a scale per vector, keys transposed (TensorScatter + MatMulInteger attention)"
+        if kv_dtype == "int8"
+        else "TensorScatter + Attention with nonpad_kv_seqlen"
+    )
     return {
         "inplace": {
             "file": graphs[DECODER_INPLACE]["file"],
             "opset": graphs[DECODER_INPLACE]["opset"],
             "cache_graphs": helpers,
-            "kv_cache": "fixed capacity per row, written in place (TensorScatter + Attention "
-            "with nonpad_kv_seqlen)",
+            "kv_cache": f"fixed capacity per row, written in place ({written})",
+            "kv_dtype": kv_dtype,
         },
         "fallback": {
             "file": graphs[DECODER]["file"],
@@ -224,7 +247,14 @@ def _parity(
 ) -> ParityReport:
     report = ParityReport(options.precision)
     float_dtype = np.float16 if options.precision == "fp16" else np.float32
-    report.max_abs_diff = random_input_parity(reference_specs, backend, float_dtype)
+    # An int8 cache takes other inputs than the PyTorch step: its decoder is judged on greedy
+    # decoding only (as int8 graphs are anyway).
+    specs = [
+        spec
+        for spec in reference_specs
+        if not (spec.name == DECODER_INPLACE and options.kv_cache_dtype == "int8")
+    ]
+    report.max_abs_diff = random_input_parity(specs, backend, float_dtype)
     model = loaded.model
     n = options.parity_examples
     if loaded.kind == "vit":

@@ -33,10 +33,13 @@ from contract.graphs import (
     ROWS,
     SOURCE_ROWS,
     WIDTH,
+    cache_buffer_names,
     kv_names,
     present_name,
     resize_buffer_names,
+    scale_name,
     update_name,
+    width_axis,
     written_name,
 )
 from contract.model_config import DecoderSpec
@@ -44,7 +47,7 @@ from serving.backends.base import BackendError
 
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 @dataclass(frozen=True)
@@ -65,21 +68,31 @@ class Device:
 
 
 class CacheBuffer:
-    """Memory on a device for ``rows x heads x max_width x head_dim`` values, laid out compactly
-    as ``[rows, heads, width, head_dim]`` for the current ``width`` <= ``max_width``.
+    """Memory on a device for ``rows x heads x max_width x inner`` values, laid out compactly for
+    the current ``width`` <= ``max_width`` as ``[rows, heads, width, inner]``, or as
+    ``[rows, heads, inner, width]`` when ``width_last`` (an int8 cache's transposed keys).
 
-    The leading rows are bound to a graph by address (a contiguous prefix). Zero-filled, so that
-    positions no row has written hold finite values.
+    ``inner`` is the head size, or 1 for an int8 cache's scales. The leading rows are bound to a
+    graph by address (a contiguous prefix). Zero-filled, so that positions no row has written
+    hold finite values.
     """
 
     def __init__(
-        self, rows: int, heads: int, max_width: int, head_dim: int, dtype: type, device: Device
+        self,
+        rows: int,
+        heads: int,
+        max_width: int,
+        inner: int,
+        dtype: type,
+        device: Device,
+        width_last: bool = False,
     ) -> None:
-        self.rows, self.heads, self.max_width, self.head_dim = rows, heads, max_width, head_dim
+        self.rows, self.heads, self.max_width, self.inner = rows, heads, max_width, inner
+        self.width_last = width_last
         self.width = max_width
         self.dtype = np.dtype(dtype)
         self.device = device
-        zeros = np.zeros(rows * heads * max_width * head_dim, dtype=self.dtype)
+        zeros = np.zeros(rows * heads * max_width * inner, dtype=self.dtype)
         if device.kind == "cpu":
             self._host: np.ndarray | None = zeros  # the OrtValue below shares this memory
             self.value = ort.OrtValue.ortvalue_from_numpy(zeros)
@@ -90,10 +103,12 @@ class CacheBuffer:
 
     @property
     def nbytes(self) -> int:
-        return self.rows * self.heads * self.max_width * self.head_dim * self.dtype.itemsize
+        return self.rows * self.heads * self.max_width * self.inner * self.dtype.itemsize
 
     def shape(self, rows: int) -> list[int]:
-        return [rows, self.heads, self.width, self.head_dim]
+        if self.width_last:
+            return [rows, self.heads, self.inner, self.width]
+        return [rows, self.heads, self.width, self.inner]
 
     def bind(self, io: ort.IOBinding, name: str, rows: int, *, output: bool = False) -> None:
         """Bind rows ``[0, rows)`` at the current width as input (or output) ``name``."""
@@ -104,8 +119,28 @@ class CacheBuffer:
         """A numpy view of the current layout (CPU buffers only; tests look inside)."""
         if self._host is None:
             raise RuntimeError("only CPU buffers have a host view")
-        size = self.rows * self.heads * self.width * self.head_dim
-        return self._host[:size].reshape(self.rows, self.heads, self.width, self.head_dim)
+        shape = self.shape(self.rows)
+        return self._host[: int(np.prod(shape))].reshape(shape)
+
+
+def cache_buffers(
+    names: list[str],
+    types: Mapping[str, str],
+    spec: DecoderSpec,
+    rows: int,
+    width: int,
+    device: Device,
+) -> dict[str, CacheBuffer]:
+    """The buffers of cache tensors ``names``, typed and laid out as the decoder graph takes them
+    (``types``: input name -> ONNX type; an int8 cache has scales and transposed keys)."""
+    kv_dtype = "int8" if types[names[0]] == "tensor(int8)" else "float"
+    buffers = {}
+    for name in names:
+        inner = 1 if name.endswith(scale_name("")) else spec.head_dim
+        dtype = _NUMPY_TYPES[types[name]]
+        width_last = width_axis(name, kv_dtype) == 3
+        buffers[name] = CacheBuffer(rows, spec.num_heads, width, inner, dtype, device, width_last)
+    return buffers
 
 
 class InPlaceDecoder:
@@ -150,12 +185,21 @@ class InPlaceDecoder:
         if past_names[0] not in types or "cache_lengths" not in types:
             raise BackendError(f"{DECODER_INPLACE} does not take the in-place decoder's inputs")
         self.kv_dtype = _NUMPY_TYPES.get(types[past_names[0]], np.float32)
-        heads, dim, dtype, device = spec.num_heads, spec.head_dim, self.kv_dtype, self.device
-        self.past = {n: CacheBuffer(rows, heads, capacity, dim, dtype, device) for n in past_names}
-        self.cross = {
-            n: CacheBuffer(rows, heads, source_capacity, dim, dtype, device)
-            for n in kv_names("cross", spec.num_layers)
-        }
+        layout = "int8" if self.kv_dtype == np.int8 else "float"
+        # cache_write takes the encoder's cross keys / values: float, also for an int8 cache
+        self.update_dtype = np.float32 if layout == "int8" else self.kv_dtype
+        layers = spec.num_layers
+        self.past = cache_buffers(
+            cache_buffer_names("past", layers, layout), types, spec, rows, capacity, self.device
+        )
+        self.cross = cache_buffers(
+            cache_buffer_names("cross", layers, layout),
+            types,
+            spec,
+            rows,
+            source_capacity,
+            self.device,
+        )
         self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
         self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
@@ -212,10 +256,13 @@ class InPlaceDecoder:
         """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width)."""
         io = self.writer.io_binding()
         io.bind_cpu_input(ROWS, np.ascontiguousarray(rows, dtype=np.int64))
-        for (name, buffer), values in zip(self.cross.items(), cross, strict=True):
+        for name, buffer in self.cross.items():
             buffer.bind(io, name, self.rows)
             buffer.bind(io, written_name(name), self.rows, output=True)
-            io.bind_cpu_input(update_name(name), np.ascontiguousarray(values, dtype=self.kv_dtype))
+        names = kv_names("cross", len(cross) // 2)
+        for name, values in zip(names, cross, strict=True):
+            update = np.ascontiguousarray(values, dtype=self.update_dtype)
+            io.bind_cpu_input(update_name(name), update)
         self._run(self.writer, io, CACHE_WRITE)
 
     def copy_rows(self, rows: np.ndarray, source_rows: np.ndarray) -> None:
@@ -240,7 +287,7 @@ class InPlaceDecoder:
         if not 1 <= width <= limit:
             raise ValueError(f"{which} width {width} is outside 1..{limit}")
         if rows:
-            names = resize_buffer_names(len(buffers) // 2)
+            names = resize_buffer_names(len(buffers))
             target = np.array([width], dtype=np.int64)
             io = self.resizer.io_binding()
             io.bind_cpu_input(WIDTH, target)

@@ -103,6 +103,12 @@ def test_duplicate_name_and_version_is_rejected_before_anything_runs(tmp_path: P
     assert not (tmp_path / "repo").exists()
 
 
+def test_a_kv_cache_dtype_outside_its_choices_is_named(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, {"models": [{"source": "vit", "kv_cache_dtype": "int4"}]})
+    with pytest.raises(SchemaError, match=r"kv_cache_dtype: must be one of 'float', 'int8'"):
+        run_plan(plan)
+
+
 def test_unknown_field_is_named(tmp_path: Path) -> None:
     plan = write_plan(tmp_path, {"models": [{"source": "vit", "precison": "int8"}]})
     with pytest.raises(SchemaError, match=r"models\[0\]: unknown field\(s\) precison"):
@@ -130,7 +136,10 @@ def test_plan_paths_and_defaults_resolve_relative_to_the_plan(tmp_path: Path) ->
         tmp_path,
         {
             "defaults": {"precision": "fp16", "opset": 18},
-            "models": [{"source": "vit"}, {"source": "ckpt", "name": "x", "precision": "int8"}],
+            "models": [
+                {"source": "vit"},
+                {"source": "ckpt", "name": "x", "precision": "int8", "kv_cache_dtype": "int8"},
+            ],
         },
     )
     plan, repository, tasks = load_plan(plan_path)
@@ -139,6 +148,8 @@ def test_plan_paths_and_defaults_resolve_relative_to_the_plan(tmp_path: Path) ->
     assert [(t.source, t.name) for t in tasks] == [("vit", "vit"), (str(tmp_path / "ckpt"), "x")]
     assert tasks[0].options["precision"] == "fp16" and tasks[0].options["name"] is None
     assert tasks[1].options["precision"] == "int8" and tasks[1].options["opset"] == 18
+    assert tasks[0].options["kv_cache_dtype"] == "float"
+    assert tasks[1].options["kv_cache_dtype"] == "int8"
 
 
 def test_entry_names_come_from_config_json_without_loading_weights(tmp_path: Path) -> None:

@@ -7,8 +7,24 @@ import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.graphs import WIDTH, resize_buffer_names, written_name
-from export.cache_graphs import cache_resize_model
+from contract.graphs import (
+    ROWS,
+    SOURCE_ROWS,
+    WIDTH,
+    cache_buffer_names,
+    kv_names,
+    resize_buffer_names,
+    scale_name,
+    update_name,
+    width_axis,
+    written_name,
+)
+from export.cache_graphs import (
+    INT8_EPSILON,
+    cache_copy_model,
+    cache_resize_model,
+    cache_write_model,
+)
 
 LAYERS, HEADS, HEAD_DIM = 2, 2, 4
 _SESSIONS: dict[str, ort.InferenceSession] = {}
@@ -38,7 +54,7 @@ def test_cache_resize_cuts_or_zero_pads_every_buffer(
     ``width_out`` positions, equal copies."""
     dtype = np.float32 if kv_dtype == "fp32" else np.float16
     rng = np.random.default_rng(seed)
-    names = resize_buffer_names(LAYERS)
+    names = resize_buffer_names(2 * LAYERS)
     buffers = {
         n: rng.standard_normal((rows, HEADS, width_in, HEAD_DIM)).astype(dtype) for n in names
     }
@@ -57,3 +73,118 @@ def test_cache_resize_is_one_pad_per_buffer() -> None:
     model = cache_resize_model(LAYERS, HEADS, HEAD_DIM, "fp32")
     copies = [n.op_type for n in model.graph.node if n.op_type in ("Pad", "Slice")]
     assert copies == ["Pad"] * (2 * LAYERS)
+
+
+# --- the int8 cache: scales beside every buffer, keys transposed ---------------------------------
+
+INT8_NAMES = cache_buffer_names("past", LAYERS, "int8")
+
+
+def int8_buffers(rng: np.random.Generator, rows: int, width: int) -> dict[str, np.ndarray]:
+    """Random buffers in the int8 layout (``contract.graphs``), named as the cache names them."""
+    buffers = {}
+    for name in INT8_NAMES:
+        inner = 1 if name.endswith("_scale") else HEAD_DIM
+        keys = width_axis(name, "int8") == 3
+        shape = (rows, HEADS, inner, width) if keys else (rows, HEADS, width, inner)
+        if name.endswith("_scale"):
+            buffers[name] = rng.random(shape, dtype=np.float32)
+        else:
+            buffers[name] = rng.integers(-127, 128, shape).astype(np.int8)
+    return buffers
+
+
+def quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's int8 per-vector quantisation, the formula the graphs implement."""
+    scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True), INT8_EPSILON) * np.float32(1 / 127)
+    return np.round(x / scale).astype(np.int8), scale.astype(np.float32)
+
+
+def session(model) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.integers(1, 3),
+    width_in=st.integers(1, 10),
+    width_out=st.integers(1, 10),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_cache_resize_cuts_or_pads_along_each_buffers_positions(
+    rows: int, width_in: int, width_out: int, seed: int
+) -> None:
+    buffers = int8_buffers(np.random.default_rng(seed), rows, width_in)
+    names = resize_buffer_names(len(INT8_NAMES))
+    feeds = {WIDTH: np.array([width_out]), **dict(zip(names, buffers.values(), strict=True))}
+    resize = session(cache_resize_model(LAYERS, HEADS, HEAD_DIM, "int8"))
+    outputs = resize.run([written_name(n) for n in names], feeds)
+    kept = min(width_in, width_out)
+    for (name, before), out in zip(buffers.items(), outputs, strict=True):
+        axis = width_axis(name, "int8")
+        assert out.dtype == before.dtype and out.shape[axis] == width_out
+        np.testing.assert_array_equal(
+            np.take(out, range(kept), axis=axis), np.take(before, range(kept), axis=axis)
+        )
+        assert not np.take(out, range(kept, width_out), axis=axis).any()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    source=st.integers(1, 6),
+    rows=st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_cache_write_quantises_new_rows_into_place(
+    source: int, rows: list[int], seed: int
+) -> None:
+    """cache_write takes the encoder's float keys / values and writes them quantised (one scale
+    per vector, keys transposed), zero-padded to the buffers' width; other rows keep theirs."""
+    rng = np.random.default_rng(seed)
+    capacity = 6
+    buffers = {n.replace("past_", "cross_"): b for n, b in int8_buffers(rng, 4, capacity).items()}
+    new = {
+        update_name(n): (rng.standard_normal((len(rows), HEADS, source, HEAD_DIM)) * 3).astype(
+            np.float32
+        )
+        for n in kv_names("cross", LAYERS)
+    }
+    names = list(buffers)
+    write = session(cache_write_model(LAYERS, HEADS, HEAD_DIM, "int8"))
+    outputs = dict(
+        zip(
+            names,
+            write.run([written_name(n) for n in names], {ROWS: np.array(rows), **buffers, **new}),
+            strict=True,
+        )
+    )
+    others = [r for r in range(4) if r not in rows]
+    for name in kv_names("cross", LAYERS):
+        values, scales = quantized(new[update_name(name)])
+        if width_axis(name, "int8") == 3:
+            values, scales = values.transpose(0, 1, 3, 2), scales.transpose(0, 1, 3, 2)
+        for buffer, expected in ((name, values), (scale_name(name), scales)):
+            axis = width_axis(buffer, "int8")
+            got = outputs[buffer]
+            np.testing.assert_allclose(
+                np.take(got[rows], range(source), axis=axis), expected, rtol=1e-6
+            )
+            assert not np.take(got[rows], range(source, capacity), axis=axis).any()
+            np.testing.assert_array_equal(got[others], buffers[buffer][others])
+    # what comes back is the input within half a quantisation step
+    name = kv_names("cross", LAYERS)[1]  # a value buffer: [rows, heads, width, head_dim]
+    restored = outputs[name][rows, :, :source] * outputs[scale_name(name)][rows, :, :source]
+    step = outputs[scale_name(name)][rows, :, :source]
+    assert (np.abs(restored - new[update_name(name)]) <= step / 2 + 1e-6).all()
+
+
+def test_int8_cache_copy_copies_values_and_scales() -> None:
+    rng = np.random.default_rng(0)
+    buffers = int8_buffers(rng, 4, 5)
+    copy = session(cache_copy_model(LAYERS, HEADS, HEAD_DIM, "int8"))
+    feeds = {ROWS: np.array([0, 3]), SOURCE_ROWS: np.array([2, 2]), **buffers}
+    outputs = copy.run([written_name(n) for n in INT8_NAMES], feeds)
+    for name, out in zip(INT8_NAMES, outputs, strict=True):
+        before = buffers[name]
+        np.testing.assert_array_equal(out[[0, 3]], before[[2, 2]])
+        np.testing.assert_array_equal(out[[1, 2]], before[[1, 2]])

@@ -1,0 +1,193 @@
+"""An int8 KV cache for the in-place decoder: a rewrite of its exported graph.
+
+Decode-step attention reads every cached key and value once per step, and on a CPU that read is
+memory-bound. Kept in int8 (one fp32 scale per cached vector) the cache is a quarter of the
+bytes. The rewrite, on the in-place decoder after int8 weight quantisation:
+
+- every cache input / output becomes int8, with a ``*_scale`` tensor beside it; keys lie
+  transposed (``contract.graphs`` has the layout);
+- each ``TensorScatter`` quantises the new key / value (``quantize_vectors``, the formula
+  ``cache_write`` uses) and writes it and its scale;
+- each ``Attention`` becomes two integer GEMMs: the query quantised per tensor times the int8
+  keys gives the scores (times the key scales), a masked softmax weights the value scales, and
+  those weights quantised per row and head times the int8 values give the output.
+
+Only the standard ONNX ops ONNX Runtime fuses and runs on every provider; no custom kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+from onnx import TensorProto, helper
+
+from contract.graphs import kv_names, present_name, scale_name, width_axis
+from export.cache_graphs import quantize_constants, quantize_vectors
+from export.errors import ExportError
+
+_PREFIX = "kv8_"
+
+
+def _constants(head_dim: int, scale: float) -> list[onnx.TensorProto]:
+    def int64(name: str, values: list[int]) -> onnx.TensorProto:
+        return helper.make_tensor(_PREFIX + name, TensorProto.INT64, [len(values)], values)
+
+    return [
+        *quantize_constants(_PREFIX),
+        int64("axis_0", [0]),
+        int64("axis_1", [1]),
+        helper.make_tensor(_PREFIX + "zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor(_PREFIX + "one", TensorProto.INT64, [], [1]),
+        helper.make_tensor(_PREFIX + "no_bias", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor(_PREFIX + "masked", TensorProto.FLOAT, [], [-1e30]),
+        helper.make_tensor(_PREFIX + "softmax_scale", TensorProto.FLOAT, [], [scale]),
+        int64("as_row", [0, 0, 1, -1]),
+        int64("as_column", [0, 0, -1, 1]),
+    ]
+
+
+def _retype(value: onnx.ValueInfoProto, head_dim: int) -> onnx.ValueInfoProto:
+    """Make cache tensor ``value`` int8 in its layout; return its new fp32 scale tensor."""
+    dims = value.type.tensor_type.shape.dim
+    width = onnx.TensorShapeProto.Dimension()
+    width.CopyFrom(dims[2])
+    scale = onnx.ValueInfoProto()
+    scale.CopyFrom(value)
+    scale.name = scale_name(value.name)
+    scale_dims = scale.type.tensor_type.shape.dim
+    if width_axis(value.name, "int8") == 3:  # keys: [batch, heads, head_dim, width]
+        dims[2].Clear()
+        dims[2].dim_value = head_dim
+        dims[3].CopyFrom(width)
+        scale_dims[2].Clear()
+        scale_dims[2].dim_value = 1
+        scale_dims[3].CopyFrom(width)
+    else:  # values: [batch, heads, width, head_dim], scales [.., width, 1]
+        scale_dims[3].Clear()
+        scale_dims[3].dim_value = 1
+    value.type.tensor_type.elem_type = TensorProto.INT8
+    return scale
+
+
+def _length_mask(cache: str, lengths: str, out: str) -> list[onnx.NodeProto]:
+    """Nodes making ``out`` [batch, 1, 1, width]: 0 where position < lengths[row], else -1e30
+    (the ``nonpad_kv_seqlen`` of the ``Attention`` op replaced), width from ``cache``'s axis 3."""
+    c = _PREFIX
+    return [
+        helper.make_node("Shape", [cache], [f"{out}_shape"], start=3, end=4),
+        helper.make_node("Squeeze", [f"{out}_shape", c + "axis_0"], [f"{out}_width"]),
+        helper.make_node("Range", [c + "zero", f"{out}_width", c + "one"], [f"{out}_positions"]),
+        helper.make_node("Unsqueeze", [lengths, c + "axis_1"], [f"{out}_lengths"]),
+        helper.make_node("Less", [f"{out}_positions", f"{out}_lengths"], [f"{out}_valid"]),
+        helper.make_node("Where", [f"{out}_valid", c + "no_bias", c + "masked"], [f"{out}_2d"]),
+        helper.make_node("Unsqueeze", [f"{out}_2d", c + "axis_1"], [f"{out}_3d"]),
+        helper.make_node("Unsqueeze", [f"{out}_3d", c + "axis_1"], [out]),
+    ]
+
+
+def _attention(query: str, key: str, value: str, mask: str, out: str) -> list[onnx.NodeProto]:
+    """Decode attention (one query position) over an int8 cache, into ``out`` [b, h, 1, d].
+
+    The query is quantised per tensor (``DynamicQuantizeLinear``, as ONNX Runtime's dynamic
+    quantisation does every linear layer's input); the attention weights, which carry the value
+    scales and so differ in range from row to row, per row and head.
+    """
+    c, node = _PREFIX, helper.make_node
+    weights_u8 = f"{out}_w_u8"
+    return [
+        node("Mul", [query, c + "softmax_scale"], [f"{out}_q"]),
+        node("DynamicQuantizeLinear", [f"{out}_q"], [f"{out}_qi", f"{out}_qs", f"{out}_qz"]),
+        node("MatMulInteger", [f"{out}_qi", key, f"{out}_qz"], [f"{out}_scores_i"]),
+        node("Cast", [f"{out}_scores_i"], [f"{out}_scores_f"], to=TensorProto.FLOAT),
+        node("Mul", [scale_name(key), f"{out}_qs"], [f"{out}_scores_scale"]),
+        node("Mul", [f"{out}_scores_f", f"{out}_scores_scale"], [f"{out}_scores"]),
+        node("Add", [f"{out}_scores", mask], [f"{out}_masked"]),
+        node("Softmax", [f"{out}_masked"], [f"{out}_weights"], axis=-1),
+        node("Reshape", [scale_name(value), c + "as_row"], [f"{out}_value_scale"]),
+        node("Mul", [f"{out}_weights", f"{out}_value_scale"], [f"{out}_w"]),
+        *quantize_vectors(f"{out}_w", weights_u8, c, kind="uint8"),
+        node("MatMulInteger", [weights_u8, value], [f"{out}_out_i"]),
+        node("Cast", [f"{out}_out_i"], [f"{out}_out_f"], to=TensorProto.FLOAT),
+        node("Mul", [f"{out}_out_f", scale_name(weights_u8)], [out]),
+    ]
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: object) -> object:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return helper.get_attribute_value(attribute)
+    return default
+
+
+def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onnx.ModelProto:
+    """The in-place decoder ``model`` rewritten for an int8 KV cache (a new model).
+
+    Raises:
+        ExportError: the graph is not the in-place decoder this rewrite knows (its caches are
+            not written by ``TensorScatter`` and read by ``Attention`` with ``nonpad_kv_seqlen``).
+    """
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    caches = set(kv_names("past", num_layers) + kv_names("cross", num_layers))
+    presents = {present_name(n) for n in kv_names("past", num_layers)}
+    written = {n.output[0]: n for n in graph.node if n.op_type == "TensorScatter"}
+    attention = [n for n in graph.node if n.op_type == "Attention"]
+    if len(written) != 2 * num_layers or len(attention) != 2 * num_layers:
+        raise ExportError(
+            f"the int8 KV cache needs {2 * num_layers} TensorScatter and Attention nodes "
+            f"(in-place decoder, opset 24); found {len(written)} and {len(attention)}"
+        )
+    scale = 1 / math.sqrt(head_dim)
+    for node in attention:
+        inputs = list(node.input) + [""] * (7 - len(node.input))
+        if any(inputs[3:6]) or not inputs[6] or _attribute(node, "is_causal", 0):
+            raise ExportError(f"Attention node {node.name!r} is not a decode step over the cache")
+        if set(inputs[1:3]) - caches - presents:
+            raise ExportError(f"Attention node {node.name!r} does not read the KV cache")
+        if _attribute(node, "softcap", 0.0) or _attribute(node, "scale", scale) != scale:
+            raise ExportError(f"Attention node {node.name!r} has a scale or softcap of its own")
+
+    for group in (graph.input, graph.output):
+        for value in list(group):
+            if value.name in caches or value.name in presents:
+                group.append(_retype(value, head_dim))
+    graph.initializer.extend(_constants(head_dim, scale))
+    nodes: list[onnx.NodeProto] = []
+    masks: dict[str, str] = {}
+    for node in graph.node:
+        if node.op_type == "TensorScatter":
+            past, update, lengths = node.input
+            out = node.output[0]
+            quantized = f"{out}_new"
+            nodes += quantize_vectors(update, quantized, _PREFIX)
+            axis = width_axis(past, "int8")
+            for cache, new, result in (
+                (past, quantized, out),
+                (scale_name(past), scale_name(quantized), scale_name(out)),
+            ):
+                if axis == 3 and cache == past:  # [b, h, 1, d] -> [b, h, d, 1]: one position
+                    nodes.append(
+                        helper.make_node("Reshape", [new, _PREFIX + "as_column"], [f"{new}_t"])
+                    )
+                    new = f"{new}_t"
+                nodes.append(
+                    helper.make_node(
+                        "TensorScatter", [cache, new, lengths], [result], axis=axis, mode="linear"
+                    )
+                )
+        elif node.op_type == "Attention":
+            query, key, value, lengths = node.input[0], node.input[1], node.input[2], node.input[6]
+            if lengths not in masks:
+                masks[lengths] = f"{_PREFIX}mask_{len(masks)}"
+                nodes += _length_mask(key, lengths, masks[lengths])
+            nodes += _attention(query, key, value, masks[lengths], node.output[0])
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]  # shapes and types of the rewritten tensors changed: infer them
+    # again (ONNX Runtime's fusions, e.g. SkipLayerNormalization, check the shapes they know)
+    model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    onnx.checker.check_model(model)
+    return model
