@@ -56,6 +56,9 @@ def execution_providers(device: str) -> tuple[str, ...]:
     return ("CUDAExecutionProvider",) if device == "cuda" else ("CPUExecutionProvider",)
 
 
+KV8_SUFFIX = "-kv8"  # names of the int8-KV-cache entry and engines
+
+
 class AttnServeRunner(Runner):
     """Our exported graphs in ONNX Runtime, through ``Seq2SeqRunner``."""
 
@@ -69,6 +72,7 @@ class AttnServeRunner(Runner):
         kv_cache: str = "inplace",
         max_batch: int = 32,
         instances: int = 1,
+        kv8: bool = False,
     ) -> None:
         """With ``instances`` > 1: that many engines of ``threads // instances`` threads, each
         decoding its share of the batch at the same time (the server's ``batching.instances``:
@@ -84,10 +88,14 @@ class AttnServeRunner(Runner):
         per_instance = max(1, threads // instances)
         split = f"-{instances}x{per_instance}" if instances > 1 else ""
         super().__init__(
-            name=f"attnserve-{precision}" + ("-growing" if growing else "") + split,
+            name=f"attnserve-{precision}"
+            + KV8_SUFFIX * kv8
+            + ("-growing" if growing else "")
+            + split,
             family="attnserve",
             precision=precision,
             label=f"attnserve ONNX Runtime {precision}"
+            + (", int8 KV cache" if kv8 else "")
             + (", growing cache" if growing else "")
             + (f", {instances} instances x {per_instance} thread" if instances > 1 else ""),
             config={
@@ -185,37 +193,55 @@ def _decoding(
 
 
 def export_attnserve(
-    marian_dir: Path, cache: Path, shape: MarianShape, precision: str, fast_int8: bool
+    marian_dir: Path,
+    cache: Path,
+    shape: MarianShape,
+    precision: str,
+    fast_int8: bool,
+    kv_cache_dtype: str = "float",
 ) -> Path:
     """Our repository entry for ``precision`` (exported once into the cache, then reused).
 
     fp32 and int8 go through ``export()`` with its parity checks. With ``fast_int8`` the int8
     entry is the fp32 one with its graphs quantised by ``export.precision.quantize_int8`` (what
-    ``export(precision="int8")`` does after a second trace), to keep CI runs short.
+    ``export(precision="int8")`` does after a second trace), to keep CI runs short. An int8
+    ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``.
     """
     from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
 
     repository = Path(cache) / f"repo-{shape.key()}"
-    name = f"marian-{precision}"
+    name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
     if exported and read_manifest(entry / "1").get("format") == REPOSITORY_FORMAT:
         return entry
     if precision == "int8" and fast_int8:
-        return _quantised_copy(export_attnserve(marian_dir, cache, shape, "fp32", False), entry)
+        fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)
+        return _quantised_copy(fp32, entry, kv_cache_dtype)
     from export.exporter import ExportOptions, export
     from export.hf import load_hf_directory
 
     log(f"exporting {marian_dir.name} to ONNX ({precision}) into {repository}")
-    options = ExportOptions(name=name, precision=precision, parity_examples=100, force=True)
+    options = ExportOptions(
+        name=name,
+        precision=precision,
+        kv_cache_dtype=kv_cache_dtype,
+        parity_examples=100,
+        force=True,
+    )
     export(load_hf_directory(marian_dir), repository, options)
     return entry
 
 
-def _quantised_copy(fp32_entry: Path, entry: Path) -> Path:
-    """``entry``: ``fp32_entry`` with int8-quantised graphs, config and manifest saying so."""
+def _quantised_copy(fp32_entry: Path, entry: Path, kv_cache_dtype: str) -> Path:
+    """``entry``: ``fp32_entry`` with int8-quantised graphs (and an int8 KV cache if asked),
+    config and manifest saying so."""
+    import onnx
+
     from contract.graphs import DECODER_FILE, DECODER_INPLACE_FILE, ENCODER_FILE
     from contract.repository import read_model_config, write_model_config
+    from export.cache_graphs import write_cache_graphs
+    from export.kv_int8 import int8_kv_cache
     from export.precision import quantize_int8
 
     scratch = entry.with_name(entry.name + ".partial")
@@ -232,6 +258,11 @@ def _quantised_copy(fp32_entry: Path, entry: Path) -> Path:
     for graph in graphs:
         quantize_int8(fp32_entry / "1" / graph, scratch / "1" / graph)
     config = replace(read_model_config(fp32_entry), name=entry.name, precision="int8")
+    if kv_cache_dtype == "int8" and DECODER_INPLACE_FILE in graphs:
+        spec = config.decoder
+        path = scratch / "1" / DECODER_INPLACE_FILE
+        onnx.save(int8_kv_cache(onnx.load(str(path)), spec.num_layers, spec.head_dim), str(path))
+        write_cache_graphs(scratch / "1", spec.num_layers, spec.num_heads, spec.head_dim, "int8")
     write_model_config(config, scratch)
     manifest = json.loads((scratch / "1" / "manifest.json").read_text())
     manifest.update(name=entry.name, precision="int8", derived_from=str(fp32_entry))

@@ -74,13 +74,14 @@ def summary(rows: list[dict[str, Any]], settings: EngineSettings) -> dict[str, A
                     "engine": best["engine"],
                     "tokens_per_s": best["tokens_per_s"],
                 }
-            ours = next((r for r in same if r["engine"] == f"attnserve-{precision}"), None)
-            if ours is not None:
-                entry[f"attnserve_{precision}"] = {
-                    "tokens_per_s": ours["tokens_per_s"],
-                    "ratio_to_ctranslate2": ours.get("ratio_to_ctranslate2"),
-                    "ratio_to_hf": ours.get("ratio_to_hf"),
-                    "fraction_of_peak": ours.get("fraction_of_peak"),
-                }
+            for engine in (f"attnserve-{precision}", f"attnserve-{precision}-kv8"):
+                ours = next((r for r in same if r["engine"] == engine), None)
+                if ours is not None:
+                    entry[engine.replace("-", "_")] = {
+                        "tokens_per_s": ours["tokens_per_s"],
+                        "ratio_to_ctranslate2": ours.get("ratio_to_ctranslate2"),
+                        "ratio_to_hf": ours.get("ratio_to_hf"),
+                        "fraction_of_peak": ours.get("fraction_of_peak"),
+                    }
         by_batch[str(batch)] = entry
     return {"by_batch": by_batch}

@@ -151,12 +151,15 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
         "",
     ]
     lines += _batch_header("attnserve", batches)
-    for precision in ("fp32", "int8"):
-        name = f"attnserve-{precision}"
+    for label, name in (
+        ("fp32", "attnserve-fp32"),
+        ("int8", "attnserve-int8"),
+        ("int8, int8 KV cache", "attnserve-int8-kv8"),
+    ):
         if not any(r["engine"] == name for r in rows):
             continue
         cells = [_peer_cell(_row(rows, name, batch)) for batch in batches]
-        lines.append(f"| {precision} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 

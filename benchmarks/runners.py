@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.attnserve_runner import AttnServeRunner, export_attnserve
+from benchmarks.attnserve_runner import KV8_SUFFIX, AttnServeRunner, export_attnserve
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.output import log
 from benchmarks.peers import (
@@ -72,11 +72,18 @@ def runner_specs(
 
 
 def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> list[RunnerSpec]:
-    """Our ONNX Runtime runner per precision (each precision exported once into the cache)."""
+    """Our ONNX Runtime runners per precision (each precision exported once into the cache):
+    the in-place cache, the growing fallback, one engine per thread, and for int8 the same
+    in-place runs with an int8 KV cache."""
     specs = []
     for precision in settings.precisions:
-        entry = export_attnserve(marian_dir, cache, settings.shape, precision, settings.fast_int8)
-        for kv_cache in ("inplace", "growing"):  # what the server runs, and the fallback
+        variants = [("float", "inplace"), ("float", "growing")]  # what the server runs, fallback
+        if precision == "int8":
+            variants.append(("int8", "inplace"))
+        for kv_dtype, kv_cache in variants:
+            entry = export_attnserve(
+                marian_dir, cache, settings.shape, precision, settings.fast_int8, kv_dtype
+            )
             kwargs = {
                 "entry": entry,
                 "precision": precision,
@@ -85,14 +92,15 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
                 "device": settings.device,
                 "kv_cache": kv_cache,
                 "max_batch": max(settings.batches),
+                "kv8": kv_dtype == "int8",
             }
-            suffix = "" if kv_cache == "inplace" else "-growing"
-            specs.append(RunnerSpec(f"attnserve-{precision}{suffix}", "attnserve", kwargs))
+            name = f"attnserve-{precision}" + KV8_SUFFIX * (kv_dtype == "int8")
+            name += "" if kv_cache == "inplace" else "-growing"
+            specs.append(RunnerSpec(name, "attnserve", kwargs))
             if kv_cache == "inplace" and settings.threads > 1 and settings.device == "cpu":
                 # batching.instances: one engine per thread, as CTranslate2's N x 1 split
                 split = {**kwargs, "instances": settings.threads}
-                name = f"attnserve-{precision}-{settings.threads}x1"
-                specs.append(RunnerSpec(name, "attnserve", split))
+                specs.append(RunnerSpec(f"{name}-{settings.threads}x1", "attnserve", split))
     return specs
 
 

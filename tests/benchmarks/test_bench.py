@@ -96,6 +96,11 @@ def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
     assert result["settings"]["batches"] == [1, 2]
     names = {e["name"] for e in result["engines"]}
     assert {"attnserve-fp32", "attnserve-int8", "hf-generate-kv", "hf-generate-nokv"} <= names
+    assert "attnserve-int8-kv8" in names  # the int8 KV cache, on its own entry
+    kv8 = next(e for e in result["engines"] if e["name"] == "attnserve-int8-kv8")
+    assert kv8["config"]["entry"].endswith("marian-int8-kv8") and kv8["error"] is None
+    for batch in result["summary"]["by_batch"].values():
+        assert batch["attnserve_int8_kv8"]["tokens_per_s"] > 0
     for engine in result["engines"]:  # N x 1 instances share their sessions, as the server's do
         if engine["config"].get("instances", 1) > 1:
             assert engine["config"]["intra_op_threads"] == 1
