@@ -8,8 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from contract.graphs import scale_name
+from export.exporter import ExportOptions, export
+from serving.client import AttnServeClient
 from serving.engine.requests import GenerationRequest
+from tests.serving.server_thread import ServerThread
 from tests.serving.test_inplace_cache import decode_all, load, translator_jobs
+from tests.serving.test_server import EXPECTED
 
 
 def encode(runner, ids: list[int]):
@@ -85,3 +89,20 @@ def test_in_flight_requests_finish_through_the_int8_cache(int8_repository: Path)
     greedy = [i for i, (_, o) in enumerate(jobs) if o.beam_size == 1 and o.temperature == 0]
     same = [results["kv8"][i].tokens == results["float"][i].tokens for i in greedy]
     assert np.mean(same) >= 0.5, same
+
+
+def test_the_shipped_translator_serves_right_answers_from_an_int8_cache(tmp_path: Path) -> None:
+    """The trained translator at int8 with the int8 cache, a real server, real clients."""
+    options = ExportOptions(precision="int8", kv_cache_dtype="int8", parity_examples=100)
+    result = export("translator", tmp_path, options)
+    assert result.manifest["decoders"]["inplace"]["kv_dtype"] == "int8"
+    with ServerThread(tmp_path) as server, AttnServeClient(server.address) as client:
+        for language, expected in EXPECTED.items():
+            (answer,) = client.translate(["three hundred and twelve"], to=language)
+            assert answer.text == expected and answer.finish_reason == "stop"
+        texts = ["seven hundred and forty-one", "twelve", "nine thousand and three"]
+        greedy = client.translate(texts, to="fr")
+        beams = client.translate(texts, to="fr", beam_size=4)
+        assert [a.text for a in beams] == [a.text for a in greedy]
+        streamed = "".join(client.translate_stream(texts[0], to="fr"))
+        assert streamed == greedy[0].text
