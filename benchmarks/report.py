@@ -151,11 +151,20 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
         "",
     ]
     lines += _batch_header("attnserve", batches)
-    for label, name in (
-        ("fp32", "attnserve-fp32"),
-        ("int8", "attnserve-int8"),
-        ("int8, int8 KV cache", "attnserve-int8-kv8"),
-    ):
+    threads = result["settings"]["threads"]
+    variants = [
+        (f"{precision}{kv_label}{split_label}", f"attnserve-{precision}{kv}{split_name}")
+        for precision, kv, kv_label in (
+            ("fp32", "", ""),
+            ("int8", "", ""),
+            ("int8", "-kv8", ", int8 KV cache"),
+        )
+        for split_name, split_label in (
+            ("", ""),
+            (f"-{threads}x1", f", {threads} instances × 1 thread"),
+        )
+    ]
+    for label, name in variants:
         if not any(r["engine"] == name for r in rows):
             continue
         cells = [_peer_cell(_row(rows, name, batch)) for batch in batches]
