@@ -132,7 +132,17 @@ def cache_buffers(
     device: Device,
 ) -> dict[str, CacheBuffer]:
     """The buffers of cache tensors ``names``, typed and laid out as the decoder graph takes them
-    (``types``: input name -> ONNX type; an int8 cache has scales and transposed keys)."""
+    (``types``: input name -> ONNX type; an int8 cache has scales and transposed keys).
+
+    Raises:
+        BackendError: the graph lacks one of them, or takes a type no cache is kept in.
+    """
+    unknown = [n for n in names if types.get(n) not in _NUMPY_TYPES]
+    if unknown:
+        raise BackendError(
+            f"{DECODER_INPLACE} does not take the cache inputs {unknown} as float, float16 or "
+            "int8 tensors; re-export the model"
+        )
     kv_dtype = "int8" if types[names[0]] == "tensor(int8)" else "float"
     buffers = {}
     for name in names:

@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from contract.graphs import scale_name
+from contract.graphs import cache_buffer_names, scale_name
 from export.exporter import ExportOptions, export
+from serving.backends.base import BackendError
+from serving.backends.onnxruntime_io import cache_buffers
 from serving.client import AttnServeClient
 from serving.engine.requests import GenerationRequest
 from tests.serving.server_thread import ServerThread
@@ -106,3 +109,11 @@ def test_the_shipped_translator_serves_right_answers_from_an_int8_cache(tmp_path
         assert [a.text for a in beams] == [a.text for a in greedy]
         streamed = "".join(client.translate_stream(texts[0], to="fr"))
         assert streamed == greedy[0].text
+
+
+def test_a_graph_without_the_scales_is_refused(int8_repository: Path) -> None:
+    config, _, cache = load(int8_repository / "kv8")
+    names = cache_buffer_names("past", config.decoder.num_layers, "int8")
+    types = {n: "tensor(int8)" for n in names if not n.endswith("_scale")}  # scales missing
+    with pytest.raises(BackendError, match=r"does not take the cache inputs \['past_key.0_scale'"):
+        cache_buffers(names, types, config.decoder, 2, 8, cache.decoder.device)
