@@ -170,7 +170,7 @@ def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str)
                     )
                     written[buffer] = f"{value}_t"
         for buffer, value in written.items():
-            inputs.insert(-1, _buffer(buffer, kv_dtype, heads, head_dim, "source_capacity"))
+            inputs.append(_buffer(buffer, kv_dtype, heads, head_dim, "source_capacity"))
             axis = width_axis(buffer, kv_dtype)
             nodes += _pad_to_buffer(buffer, value, axis)
             nodes.append(
