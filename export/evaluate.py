@@ -22,6 +22,7 @@ from export.serving_runner import (
     Seq2SeqRunner,
     decode_caches,
     greedy,
+    held_out_source_capacity,
     make_backend,
 )
 from models.data import digits, shapes
@@ -55,9 +56,12 @@ def evaluate_repository(
     if isinstance(config, ClassifierConfig):
         return {**result, **_classifier_metrics(backend, config)}
     runner = Seq2SeqRunner(backend, config.decoder)
-    caches = decode_caches(backend, config, rows=EVAL_BATCH)
+    sources = held_out_source_capacity(config)
+    caches = decode_caches(backend, config, rows=EVAL_BATCH, source_capacity=sources)
     result["kv_cache"] = "inplace" if "inplace" in caches else "growing"
     cache = caches[result["kv_cache"]]
+    decoder = getattr(cache, "decoder", None)  # the in-place cache's buffers: float or int8
+    result["kv_dtype"] = str(np.dtype(decoder.kv_dtype if decoder else runner.kv_dtype))
 
     def decode(encoded: Encoded) -> list[list[int]]:
         return greedy(cache, encoded, config.decoder, config.limits.max_new_tokens)

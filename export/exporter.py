@@ -43,7 +43,12 @@ from export.repository import (
     prepare_version_dir,
     write_entry_files,
 )
-from export.serving_runner import OnnxRuntimeBackend, Seq2SeqRunner, decode_caches
+from export.serving_runner import (
+    OnnxRuntimeBackend,
+    Seq2SeqRunner,
+    decode_caches,
+    held_out_source_capacity,
+)
 from export.sources import LoadedSource, load_source
 from export.spec import GraphSpec, graph_specs
 from export.triton import write_triton_config
@@ -268,11 +273,7 @@ def _parity(
     entry = model_config_for(loaded, "parity", options.precision)
     assert isinstance(entry, GeneratorConfig)  # not a vit, so a generator
     runner = Seq2SeqRunner(backend, entry.decoder)
-    # Held-out texts may be longer than the served limit (the position table bounds them);
-    # image encoders always give limits.max_source_length positions.
-    sources = entry.limits.max_source_length
-    if entry.input == "text":
-        sources = max(sources, entry.decoder.max_positions)
+    sources = held_out_source_capacity(entry)
     caches = decode_caches(backend, entry, rows=PARITY_BATCH, source_capacity=sources)
     # The decoder's position table bounds both the reference targets and the generation.
     longest = entry.decoder.max_positions - 1

@@ -29,6 +29,7 @@ __all__ = [
     "Seq2SeqRunner",
     "decode_caches",
     "greedy",
+    "held_out_source_capacity",
     "make_backend",
 ]
 
@@ -51,3 +52,12 @@ def decode_caches(
     if inplace is not None:
         caches["inplace"] = inplace
     return caches
+
+
+def held_out_source_capacity(config: GeneratorConfig) -> int:
+    """Cross-attention positions for held-out decoding (export parity, `attnserve eval`): held-out
+    texts may be longer than the served limit (the position table bounds them); image encoders
+    always give ``limits.max_source_length`` positions."""
+    if config.input == "text":
+        return max(config.limits.max_source_length, config.decoder.max_positions)
+    return config.limits.max_source_length

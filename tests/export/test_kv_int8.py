@@ -116,3 +116,12 @@ def test_the_cli_takes_the_kv_cache_dtype(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         parser.parse_args([*base, "--kv-cache-dtype", "fp8"])
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_eval_reports_the_cache_it_decoded_through(int8_repository: Path) -> None:
+    from export.evaluate import evaluate_repository
+
+    for name, dtype in (("float", "float32"), ("kv8", "int8")):
+        result = evaluate_repository("translator", int8_repository / name, examples=20)
+        assert (result["kv_cache"], result["kv_dtype"]) == ("inplace", dtype)
+        assert 0 <= result["exact_match"] <= 1
