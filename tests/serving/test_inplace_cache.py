@@ -255,3 +255,28 @@ def test_an_unloadable_inplace_graph_falls_back_with_a_warning(
     with caplog.at_level(logging.WARNING):
         assert served_cache(root) == "growing"
     assert "cannot load the in-place decoder" in caplog.text
+
+
+def test_only_the_step_graphs_spin(tiny_repository: Path) -> None:
+    """With allow_spinning, the decoder's idle threads spin between steps; the encoder's and the
+    cache helpers' never do (their own pools' spinning workers slowed the steps after them)."""
+    from serving.backends.onnxruntime import SPINNING_GRAPHS
+
+    config = read_model_config(tiny_repository / "translator")
+    options = dataclasses.replace(config.onnxruntime, allow_spinning=True, intra_op_threads=2)
+    files = {"encoder": "encoder.onnx", **INPLACE_GRAPH_FILES}
+    backend = OnnxRuntimeBackend(resolve_version(tiny_repository / "translator"), files, options)
+    spinning = {
+        graph: backend.session(graph)
+        .get_session_options()
+        .get_session_config_entry("session.intra_op.allow_spinning")
+        for graph in files
+    }
+    assert spinning == {g: "1" if g in SPINNING_GRAPHS else "0" for g in files}
+    assert spinning["decoder_inplace"] == "1" and spinning["encoder"] == "0"
+    off = dataclasses.replace(options, allow_spinning=False)  # the server's default: none spin
+    quiet = OnnxRuntimeBackend(resolve_version(tiny_repository / "translator"), files, off)
+    entry = "session.intra_op.allow_spinning"
+    assert {
+        quiet.session(g).get_session_options().get_session_config_entry(entry) for g in files
+    } == {"0"}
