@@ -145,6 +145,16 @@ def cache_buffer_names(prefix: str, num_layers: int, kv_dtype: str) -> list[str]
     return [n for name in names for n in (name, scale_name(name))]
 
 
+def is_scale(buffer_name: str) -> bool:
+    """Whether ``buffer_name`` holds an int8 cache's scales (or is a graph's name for them)."""
+    return buffer_name.endswith(scale_name(""))
+
+
+def vector_size(buffer_name: str, head_dim: int) -> int:
+    """Values per cached position: the head size, or 1 for an int8 cache's scales."""
+    return 1 if is_scale(buffer_name) else head_dim
+
+
 def width_axis(buffer_name: str, kv_dtype: str) -> int:
     """The axis positions run along: 3 for an int8 cache's (transposed) keys and key scales."""
     return 3 if kv_dtype == "int8" and "_key." in buffer_name else 2

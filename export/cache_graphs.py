@@ -37,16 +37,17 @@ from contract.graphs import (
     SOURCE_ROWS,
     WIDTH,
     cache_buffer_names,
+    is_scale,
     kv_names,
     resize_buffer_names,
     scale_name,
     update_name,
+    vector_size,
     width_axis,
     written_name,
 )
 
 HELPER_OPSET = 18
-KV_DTYPES = ("fp32", "fp16", "int8")
 _ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 INT8_EPSILON = 1e-8  # the smallest absolute maximum a quantised vector is scaled by
 
@@ -60,8 +61,8 @@ def _buffer(
     if kv_dtype != "int8":
         shape = ["rows_total", heads, length, head_dim]
         return helper.make_tensor_value_info(name, _ONNX_TYPES[kv_dtype], shape)
-    inner = 1 if like.endswith("_scale") else head_dim
-    elem = TensorProto.FLOAT if like.endswith("_scale") else TensorProto.INT8
+    inner = vector_size(like, head_dim)
+    elem = TensorProto.FLOAT if is_scale(like) else TensorProto.INT8
     if width_axis(like, kv_dtype) == 3:
         return helper.make_tensor_value_info(name, elem, ["rows_total", heads, inner, length])
     return helper.make_tensor_value_info(name, elem, ["rows_total", heads, length, inner])

@@ -31,7 +31,7 @@ from export.errors import ExportError
 _PREFIX = "kv8_"
 
 
-def _constants(head_dim: int, scale: float) -> list[onnx.TensorProto]:
+def _constants(scale: float) -> list[onnx.TensorProto]:
     def int64(name: str, values: list[int]) -> onnx.TensorProto:
         return helper.make_tensor(_PREFIX + name, TensorProto.INT64, [len(values)], values)
 
@@ -133,12 +133,12 @@ def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onn
     graph = model.graph
     caches = set(kv_names("past", num_layers) + kv_names("cross", num_layers))
     presents = {present_name(n) for n in kv_names("past", num_layers)}
-    written = {n.output[0]: n for n in graph.node if n.op_type == "TensorScatter"}
+    scatters = sum(n.op_type == "TensorScatter" for n in graph.node)
     attention = [n for n in graph.node if n.op_type == "Attention"]
-    if len(written) != 2 * num_layers or len(attention) != 2 * num_layers:
+    if scatters != 2 * num_layers or len(attention) != 2 * num_layers:
         raise ExportError(
             f"the int8 KV cache needs {2 * num_layers} TensorScatter and Attention nodes "
-            f"(in-place decoder, opset 24); found {len(written)} and {len(attention)}"
+            f"(in-place decoder, opset 24); found {scatters} and {len(attention)}"
         )
     scale = 1 / math.sqrt(head_dim)
     for node in attention:
@@ -154,7 +154,7 @@ def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onn
         for value in list(group):
             if value.name in caches or value.name in presents:
                 group.append(_retype(value, head_dim))
-    graph.initializer.extend(_constants(head_dim, scale))
+    graph.initializer.extend(_constants(scale))
     nodes: list[onnx.NodeProto] = []
     masks: dict[str, str] = {}
     for node in graph.node:
@@ -164,15 +164,17 @@ def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onn
             quantized = f"{out}_new"
             nodes += quantize_vectors(update, quantized, _PREFIX)
             axis = width_axis(past, "int8")
+            values = quantized
+            if axis == 3:  # a key, stored transposed: [b, h, 1, d] -> [b, h, d, 1] (one position)
+                values = f"{quantized}_t"
+                nodes.append(
+                    helper.make_node("Reshape", [quantized, _PREFIX + "as_column"], [values])
+                )
+            # the scales [b, h, 1, 1] go in as they are, along the same axis
             for cache, new, result in (
-                (past, quantized, out),
+                (past, values, out),
                 (scale_name(past), scale_name(quantized), scale_name(out)),
             ):
-                if axis == 3 and cache == past:  # [b, h, 1, d] -> [b, h, d, 1]: one position
-                    nodes.append(
-                        helper.make_node("Reshape", [new, _PREFIX + "as_column"], [f"{new}_t"])
-                    )
-                    new = f"{new}_t"
                 nodes.append(
                     helper.make_node(
                         "TensorScatter", [cache, new, lengths], [result], axis=axis, mode="linear"

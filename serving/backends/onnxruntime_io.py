@@ -37,8 +37,8 @@ from contract.graphs import (
     kv_names,
     present_name,
     resize_buffer_names,
-    scale_name,
     update_name,
+    vector_size,
     width_axis,
     written_name,
 )
@@ -125,14 +125,16 @@ class CacheBuffer:
 
 def cache_buffers(
     names: list[str],
+    layout: str,
     types: Mapping[str, str],
     spec: DecoderSpec,
     rows: int,
     width: int,
     device: Device,
 ) -> dict[str, CacheBuffer]:
-    """The buffers of cache tensors ``names``, typed and laid out as the decoder graph takes them
-    (``types``: input name -> ONNX type; an int8 cache has scales and transposed keys).
+    """The buffers of cache tensors ``names``, typed as the decoder graph takes them (``types``:
+    input name -> ONNX type) and laid out as ``layout`` (``float`` | ``int8``: scales beside
+    every buffer, keys transposed) lays them out.
 
     Raises:
         BackendError: the graph lacks one of them, or takes a type no cache is kept in.
@@ -143,12 +145,11 @@ def cache_buffers(
             f"{DECODER_INPLACE} does not take the cache inputs {unknown} as float, float16 or "
             "int8 tensors; re-export the model"
         )
-    kv_dtype = "int8" if types[names[0]] == "tensor(int8)" else "float"
     buffers = {}
     for name in names:
-        inner = 1 if name.endswith(scale_name("")) else spec.head_dim
+        inner = vector_size(name, spec.head_dim)
         dtype = _NUMPY_TYPES[types[name]]
-        width_last = width_axis(name, kv_dtype) == 3
+        width_last = width_axis(name, layout) == 3
         buffers[name] = CacheBuffer(rows, spec.num_heads, width, inner, dtype, device, width_last)
     return buffers
 
@@ -198,18 +199,12 @@ class InPlaceDecoder:
         layout = "int8" if self.kv_dtype == np.int8 else "float"
         # cache_write takes the encoder's cross keys / values: float, also for an int8 cache
         self.update_dtype = np.float32 if layout == "int8" else self.kv_dtype
-        layers = spec.num_layers
-        self.past = cache_buffers(
-            cache_buffer_names("past", layers, layout), types, spec, rows, capacity, self.device
-        )
-        self.cross = cache_buffers(
-            cache_buffer_names("cross", layers, layout),
-            types,
-            spec,
-            rows,
-            source_capacity,
-            self.device,
-        )
+        layers, device = spec.num_layers, self.device
+        past = cache_buffer_names("past", layers, layout)
+        cross = cache_buffer_names("cross", layers, layout)
+        self.past = cache_buffers(past, layout, types, spec, rows, capacity, device)
+        self.cross = cache_buffers(cross, layout, types, spec, rows, source_capacity, device)
+        self.updates = [update_name(n) for n in kv_names("cross", layers)]  # cache_write's inputs
         self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
         self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
@@ -269,10 +264,8 @@ class InPlaceDecoder:
         for name, buffer in self.cross.items():
             buffer.bind(io, name, self.rows)
             buffer.bind(io, written_name(name), self.rows, output=True)
-        names = kv_names("cross", len(cross) // 2)
-        for name, values in zip(names, cross, strict=True):
-            update = np.ascontiguousarray(values, dtype=self.update_dtype)
-            io.bind_cpu_input(update_name(name), update)
+        for name, values in zip(self.updates, cross, strict=True):
+            io.bind_cpu_input(name, np.ascontiguousarray(values, dtype=self.update_dtype))
         self._run(self.writer, io, CACHE_WRITE)
 
     def copy_rows(self, rows: np.ndarray, source_rows: np.ndarray) -> None:

@@ -12,10 +12,12 @@ from contract.graphs import (
     SOURCE_ROWS,
     WIDTH,
     cache_buffer_names,
+    is_scale,
     kv_names,
     resize_buffer_names,
     scale_name,
     update_name,
+    vector_size,
     width_axis,
     written_name,
 )
@@ -84,10 +86,10 @@ def int8_buffers(rng: np.random.Generator, rows: int, width: int) -> dict[str, n
     """Random buffers in the int8 layout (``contract.graphs``), named as the cache names them."""
     buffers = {}
     for name in INT8_NAMES:
-        inner = 1 if name.endswith("_scale") else HEAD_DIM
+        inner = vector_size(name, HEAD_DIM)
         keys = width_axis(name, "int8") == 3
         shape = (rows, HEADS, inner, width) if keys else (rows, HEADS, width, inner)
-        if name.endswith("_scale"):
+        if is_scale(name):
             buffers[name] = rng.random(shape, dtype=np.float32)
         else:
             buffers[name] = rng.integers(-127, 128, shape).astype(np.int8)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contract.graphs import cache_buffer_names, scale_name
+from contract.graphs import cache_buffer_names, is_scale, scale_name
 from export.exporter import ExportOptions, export
 from serving.backends.base import BackendError
 from serving.backends.onnxruntime_io import cache_buffers
@@ -114,6 +114,6 @@ def test_the_shipped_translator_serves_right_answers_from_an_int8_cache(tmp_path
 def test_a_graph_without_the_scales_is_refused(int8_repository: Path) -> None:
     config, _, cache = load(int8_repository / "kv8")
     names = cache_buffer_names("past", config.decoder.num_layers, "int8")
-    types = {n: "tensor(int8)" for n in names if not n.endswith("_scale")}  # scales missing
+    types = {n: "tensor(int8)" for n in names if not is_scale(n)}  # the scales missing
     with pytest.raises(BackendError, match=r"does not take the cache inputs \['past_key.0_scale'"):
-        cache_buffers(names, types, config.decoder, 2, 8, cache.decoder.device)
+        cache_buffers(names, "int8", types, config.decoder, 2, 8, cache.decoder.device)
