@@ -57,6 +57,7 @@ def execution_providers(device: str) -> tuple[str, ...]:
 
 
 KV8_SUFFIX = "-kv8"  # names of the int8-KV-cache entry and engines
+CUDA_GRAPH_SUFFIX = "-cudagraph"  # engines whose decode steps replay CUDA graphs
 
 
 class AttnServeRunner(Runner):
@@ -73,10 +74,12 @@ class AttnServeRunner(Runner):
         max_batch: int = 32,
         instances: int = 1,
         kv8: bool = False,
+        cuda_graph: bool = False,
     ) -> None:
         """With ``instances`` > 1: that many engines of ``threads // instances`` threads, each
         decoding its share of the batch at the same time (the server's ``batching.instances``:
-        its requests spread over the instances)."""
+        its requests spread over the instances). ``cuda_graph``: decode steps replayed as CUDA
+        graphs (``onnxruntime.cuda_graph``; on CUDA only)."""
         import onnxruntime
 
         from contract.model_config import GeneratorConfig
@@ -91,12 +94,14 @@ class AttnServeRunner(Runner):
             name=f"attnserve-{precision}"
             + KV8_SUFFIX * kv8
             + ("-growing" if growing else "")
+            + CUDA_GRAPH_SUFFIX * cuda_graph
             + split,
             family="attnserve",
             precision=precision,
             label=f"attnserve ONNX Runtime {precision}"
             + (", int8 KV cache" if kv8 else "")
             + (", growing cache" if growing else "")
+            + (", CUDA graphs" if cuda_graph else "")
             + (f", {instances} instances x {per_instance} thread" if instances > 1 else ""),
             config={
                 "onnxruntime": onnxruntime.__version__,
@@ -106,6 +111,7 @@ class AttnServeRunner(Runner):
                 "providers": list(providers),
                 "entry": str(entry),
                 "kv_cache": kv_cache,
+                "cuda_graph": cuda_graph,
             },
         )
         if (
@@ -113,9 +119,11 @@ class AttnServeRunner(Runner):
             and "CUDAExecutionProvider" not in onnxruntime.get_available_providers()
         ):
             raise Unavailable("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        if cuda_graph and device != "cuda":
+            raise Unavailable("CUDA graphs need --device cuda")
         assert isinstance(config, GeneratorConfig)
         self.instances = _decoding(
-            entry, config, per_instance, providers, kv_cache, max_batch, instances
+            entry, config, per_instance, providers, kv_cache, max_batch, instances, cuda_graph
         )
         backends = {id(runner.backend) for runner, _ in self.instances}
         self.config["shared_sessions"] = len(backends) < len(self.instances)
@@ -123,6 +131,8 @@ class AttnServeRunner(Runner):
         self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
         if self.config["kv_cache"] != kv_cache:
             raise Unavailable(f"{entry} cannot decode with the {kv_cache} KV cache here")
+        if cuda_graph and getattr(self.cache.decoder, "captured", None) is None:
+            raise Unavailable(f"{entry}: the in-place decoder's session captures no CUDA graphs")
         self.new_tokens = new_tokens
         self.spec = config.decoder
 
@@ -154,6 +164,7 @@ def _decoding(
     kv_cache: str,
     max_batch: int,
     instances: int,
+    cuda_graph: bool = False,
 ) -> list[tuple[Any, Any]]:
     """Per engine instance, the entry's runner (encoder) and KV cache as the server builds them
     (``make_backends``: one-thread instances share their sessions), tuned for the engine alone on
@@ -173,6 +184,7 @@ def _decoding(
         allow_spinning=True,
         cpu_memory_arena=True,
         kv_cache=kv_cache,
+        cuda_graph=cuda_graph,
     )
     batching = replace(
         config.batching, max_active_sequences=max_batch, in_flight=True, instances=instances

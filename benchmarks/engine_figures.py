@@ -60,6 +60,9 @@ def _ratios(same_batch: list[dict[str, Any]]) -> None:
         row["ratio_to_hf"] = round(rate / hf, 3) if rate and hf else None
 
 
+ATTNSERVE_VARIANTS = ("", "-kv8", "-cudagraph")  # summarised beside the peers, per precision
+
+
 def summary(rows: list[dict[str, Any]], settings: EngineSettings) -> dict[str, Any]:
     """Per batch: tokens/s per engine; best CTranslate2 split per precision; ours vs peers."""
     by_batch: dict[str, Any] = {}
@@ -74,7 +77,7 @@ def summary(rows: list[dict[str, Any]], settings: EngineSettings) -> dict[str, A
                     "engine": best["engine"],
                     "tokens_per_s": best["tokens_per_s"],
                 }
-            for engine in (f"attnserve-{precision}", f"attnserve-{precision}-kv8"):
+            for engine in (f"attnserve-{precision}{variant}" for variant in ATTNSERVE_VARIANTS):
                 ours = next((r for r in same if r["engine"] == engine), None)
                 if ours is not None:
                     entry[engine.replace("-", "_")] = {

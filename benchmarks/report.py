@@ -162,6 +162,7 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
         for split_name, split_label in (
             ("", ""),
             (f"-{threads}x1", f", {threads} instances × 1 thread"),
+            ("-cudagraph", ", CUDA graphs"),
         )
     ]
     for label, name in variants:

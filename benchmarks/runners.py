@@ -16,7 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.attnserve_runner import KV8_SUFFIX, AttnServeRunner, export_attnserve
+from benchmarks.attnserve_runner import (
+    CUDA_GRAPH_SUFFIX,
+    KV8_SUFFIX,
+    AttnServeRunner,
+    export_attnserve,
+)
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.output import log
 from benchmarks.peers import (
@@ -73,8 +78,8 @@ def runner_specs(
 
 def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> list[RunnerSpec]:
     """Our ONNX Runtime runners per precision (each precision exported once into the cache):
-    the in-place cache, the growing fallback, one engine per thread, and for int8 the same
-    in-place runs with an int8 KV cache."""
+    the in-place cache, the growing fallback, one engine per thread (CPU), CUDA graphs (CUDA),
+    and for int8 the same in-place runs with an int8 KV cache."""
     specs = []
     for precision in settings.precisions:
         variants = [("float", "inplace"), ("float", "growing")]  # what the server runs, fallback
@@ -101,6 +106,9 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
                 # batching.instances: one engine per thread, as CTranslate2's N x 1 split
                 split = {**kwargs, "instances": settings.threads}
                 specs.append(RunnerSpec(f"{name}-{settings.threads}x1", "attnserve", split))
+            if kv_cache == "inplace" and kv_dtype == "float" and settings.device == "cuda":
+                graphs = {**kwargs, "cuda_graph": True}
+                specs.append(RunnerSpec(name + CUDA_GRAPH_SUFFIX, "attnserve", graphs))
     return specs
 
 

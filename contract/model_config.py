@@ -203,6 +203,10 @@ class OnnxRuntimeOptions:
     # provider's device (decoder_inplace.onnx; falls back to "growing" for exports without it or
     # runtimes that cannot load it); "growing" feeds the whole cache every step (decoder.onnx).
     kv_cache: Literal["inplace", "growing"] = "inplace"
+    # Generators on CUDA with the in-place cache: decode steps replayed as CUDA graphs (ONNX
+    # Runtime's enable_cuda_graph), one graph per batch bucket (1, 2, 4, ... rows) and cache
+    # widths. Does nothing elsewhere (the CPU, the growing cache, TensorRT, classifiers).
+    cuda_graph: bool = False
 
 
 # --- one repository entry, by kind ------------------------------------------------------------
@@ -282,10 +286,6 @@ _LEGACY_FIELDS: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "seq2seq": {"": ("labels",), "batching": ("max_queue_delay_us",)},
 }
-# Options earlier versions wrote that this one no longer has: dropped when off, refused when on.
-_REMOVED_OPTIONS: dict[tuple[str, str], str] = {
-    ("onnxruntime", "cuda_graph"): "this version does not capture CUDA graphs",
-}
 
 
 def model_config_from_mapping(data: Any) -> ModelConfig:
@@ -313,11 +313,4 @@ def _without_legacy_fields(kind: str, data: dict[str, Any]) -> dict[str, Any]:
                     del cleaned[name]
         elif isinstance(cleaned.get(section), dict):
             cleaned[section] = {k: v for k, v in cleaned[section].items() if k not in names}
-    for (section, name), why in _REMOVED_OPTIONS.items():
-        fields = cleaned.get(section)
-        if not isinstance(fields, dict) or name not in fields:
-            continue
-        if fields[name]:
-            raise SchemaError(f"{section}.{name}: this option was removed ({why}); delete the line")
-        cleaned[section] = {k: v for k, v in fields.items() if k != name}
     return cleaned

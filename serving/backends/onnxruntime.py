@@ -11,6 +11,7 @@ import onnxruntime as ort
 from contract.graphs import CLASSIFIER, DECODER, DECODER_INPLACE
 from contract.model_config import OnnxRuntimeOptions
 from serving.backends.base import BackendError
+from serving.backends.captured_steps import CUDA_GRAPH_OPTION
 
 # The graphs that run back to back (decode steps, classifier batches) and so gain from idle
 # threads that spin. The others (the encoder, the cache helper graphs) run between them and never
@@ -62,6 +63,23 @@ def available_providers(requested: tuple[str, ...]) -> list[str]:
     return chosen
 
 
+def graph_provider_options(
+    graph: str,
+    options: OnnxRuntimeOptions,
+    providers: list[str],
+    provider_options: Mapping[str, dict] | None = None,
+) -> list[dict]:
+    """Per provider in ``providers``, the options of ``graph``'s session: ``provider_options``,
+    and CUDA graph capture for the in-place decoder when ``options.cuda_graph`` (the only graph
+    whose runs keep their shapes and addresses: ``captured_steps``)."""
+    per_provider = [dict((provider_options or {}).get(p, {})) for p in providers]
+    if options.cuda_graph and graph == DECODER_INPLACE:
+        for provider, chosen in zip(providers, per_provider, strict=True):
+            if provider == "CUDAExecutionProvider":
+                chosen[CUDA_GRAPH_OPTION] = "1"
+    return per_provider
+
+
 class OnnxRuntimeBackend:
     """Loads ``{graph}.onnx`` files of a version folder into ONNX Runtime sessions."""
 
@@ -85,7 +103,6 @@ class OnnxRuntimeBackend:
         """
         options = options or OnnxRuntimeOptions()
         providers = available_providers(options.execution_providers)
-        per_provider = [dict((provider_options or {}).get(p, {})) for p in providers]
         self.providers = providers
         self._sessions: dict[str, ort.InferenceSession] = {}
         for graph, filename in graph_files.items():
@@ -97,7 +114,9 @@ class OnnxRuntimeBackend:
                     str(path),
                     session_options(options, spin=graph in SPINNING_GRAPHS),
                     providers=providers,
-                    provider_options=per_provider,
+                    provider_options=graph_provider_options(
+                        graph, options, providers, provider_options
+                    ),
                 )
             except Exception as err:  # onnxruntime raises its own untyped exceptions
                 raise BackendError(f"cannot load {path}: {err}") from err

@@ -44,6 +44,7 @@ from contract.graphs import (
 )
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
+from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
 
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
@@ -169,6 +170,8 @@ class InPlaceDecoder:
         rows: cache rows (the most sequences decoded at once).
         capacity: cache positions per row (the most tokens one sequence feeds the decoder).
         source_capacity: cross-attention positions per row (the longest encoder output).
+        fixed_bindings: run steps at fixed addresses (``captured_steps``), as CUDA graphs need;
+            None: when the decoder's session captures CUDA graphs.
 
     Raises:
         BackendError: a graph is missing or its inputs are not the in-place contract's.
@@ -181,6 +184,7 @@ class InPlaceDecoder:
         rows: int,
         capacity: int,
         source_capacity: int,
+        fixed_bindings: bool | None = None,
     ) -> None:
         missing = [g for g in INPLACE_GRAPHS if g not in sessions]
         if missing:
@@ -208,6 +212,13 @@ class InPlaceDecoder:
         self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
         self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
+        if fixed_bindings is None:
+            fixed_bindings = captures_cuda_graphs(self.decoder)
+        self.captured = (
+            CapturedSteps(self.decoder, (device.kind, device.index), spec.vocab_size)
+            if fixed_bindings
+            else None
+        )
 
     @property
     def past_width(self) -> int:
@@ -232,6 +243,8 @@ class InPlaceDecoder:
             The logits (B, vocab) of the new tokens, a view of a buffer the next step reuses.
         """
         batch = len(input_ids)
+        if self.captured is not None:
+            return self._captured_step(batch, input_ids, cache_lengths, cross_lengths)
         io = self._step_binding(batch)
         io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids[:, None], dtype=np.int64))
         io.bind_cpu_input("cache_lengths", np.ascontiguousarray(cache_lengths, dtype=np.int64))
@@ -247,15 +260,39 @@ class InPlaceDecoder:
         if self._bound is not None and self._bound[0] == key:
             return self._bound[1]
         io = self.decoder.io_binding()
+        self._bind_caches(io, batch)
+        logits = self.logits[:batch]
+        io.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self._bound = (key, io)
+        return io
+
+    def _bind_caches(self, io: ort.IOBinding, batch: int) -> None:
         for name, buffer in self.past.items():
             buffer.bind(io, name, batch)
             buffer.bind(io, present_name(name), batch, output=True)
         for name, buffer in self.cross.items():
             buffer.bind(io, name, batch)
-        logits = self.logits[:batch]
-        io.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self._bound = (key, io)
-        return io
+
+    def _captured_step(
+        self,
+        batch: int,
+        input_ids: np.ndarray,
+        cache_lengths: np.ndarray,
+        cross_lengths: np.ndarray,
+    ) -> np.ndarray:
+        """``step`` through the fixed bindings of its shape (one CUDA graph per shape)."""
+        assert self.captured is not None
+        key = (batch, self.past_width, self.source_width)
+        feeds = {
+            "input_ids": input_ids[:, None],
+            "cache_lengths": cache_lengths,
+            "cross_lengths": cross_lengths,
+        }
+        try:
+            logits = self.captured.run(key, batch, lambda io: self._bind_caches(io, batch), feeds)
+        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+            raise BackendError(f"{DECODER_INPLACE} graph failed: {err}") from err
+        return logits[:, 0]
 
     def write_cross(self, rows: np.ndarray, cross: list[np.ndarray]) -> None:
         """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width)."""

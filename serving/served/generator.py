@@ -6,6 +6,7 @@ Plain Python types in and out (no protobuf): both gRPC services call this.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from serving.engine.requests import (
     GenerationRequest,
     TokenEvent,
 )
+from serving.engine.slots import power_of_two_buckets
 from serving.errors import InvalidArgument, ResourceExhausted
 from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
@@ -38,6 +40,8 @@ from serving.metrics import ServingMetrics
 from serving.seq2seq import Seq2SeqRunner
 from serving.served.entry import ServedEntry
 from serving.served.inputs import ImageSource, TextSource
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,7 +85,16 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
         capacity=min(limits.max_new_tokens, config.decoder.max_positions - 1),
         source_capacity=limits.max_source_length,
     )
-    return InPlaceKVCache(decoder, config.decoder.pad_id)
+    if config.onnxruntime.cuda_graph and decoder.captured is None:
+        log.warning(
+            "%s: onnxruntime.cuda_graph applies to the in-place decoder on CUDA only; its "
+            "session runs on %s, decoding without CUDA graphs",
+            config.name,
+            decoder.device.kind,
+        )
+    # CUDA graphs: one per step shape, so steps run at power-of-two batch sizes
+    buckets = power_of_two_buckets(rows) if decoder.captured is not None else ()
+    return InPlaceKVCache(decoder, config.decoder.pad_id, buckets)
 
 
 def local_engine(

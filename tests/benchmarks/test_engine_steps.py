@@ -147,6 +147,20 @@ def test_runner_specs_and_skips(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         runners.make_runner(runners.RunnerSpec("x", "nope", {}))
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_attnserve_specs_per_device(
+    device: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """CPU: one engine per thread beside each in-place engine; CUDA: CUDA graphs instead."""
+    monkeypatch.setattr(runners, "export_attnserve", lambda *a: tmp_path / "entry")
+    config = settings(engines=("attnserve",), threads=2, device=device, precisions=("fp32",))
+    specs, _ = runners.runner_specs(config, tmp_path / "marian", tmp_path)
+    split = "attnserve-fp32-2x1" if device == "cpu" else "attnserve-fp32-cudagraph"
+    assert [s.name for s in specs] == ["attnserve-fp32", split, "attnserve-fp32-growing"]
+    assert specs[1].kwargs.get("cuda_graph", False) is (device == "cuda")
+    assert specs[1].kwargs.get("instances", 1) == (2 if device == "cpu" else 1)
+
+
 def test_settings_checks_and_source_ids() -> None:
     with pytest.raises(ValueError, match="engine"):
         settings(engines=("tensorrt",)).check()

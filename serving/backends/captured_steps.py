@@ -1,0 +1,107 @@
+"""Decode steps at fixed addresses, which ONNX Runtime can capture and replay as CUDA graphs.
+
+A CUDA graph replays the kernels of one captured run on the same device memory, so a step that
+is to be replayed may not bind anything new: its token ids, lengths and logits live in tensors
+made once per step shape (batch rows and cache widths), and each step overwrites its inputs in
+place (``OrtValue.update_inplace``) before ONNX Runtime runs the graph of that shape. The run
+option ``gpu_graph_id`` names the graph; ONNX Runtime's CUDA provider (``enable_cuda_graph``)
+captures a graph id's run after its warm-up runs and replays it from then on. The KV cache
+buffers are fixed already (``onnxruntime_io.CacheBuffer``).
+
+The same bindings run on the CPU, where there is nothing to capture; the tests check them there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from contract.graphs import LOGITS
+
+GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: the graph a run captures or replays
+STEP_INPUTS = {"input_ids": 2, "cache_lengths": 1, "cross_lengths": 1}  # name -> rank (int64)
+CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option that turns capture on
+
+
+def captures_cuda_graphs(session: ort.InferenceSession) -> bool:
+    """Whether ``session`` runs on the CUDA provider with CUDA graph capture on."""
+    options = session.get_provider_options().get("CUDAExecutionProvider", {})
+    first = session.get_providers()[0]
+    return first == "CUDAExecutionProvider" and options.get(CUDA_GRAPH_OPTION) == "1"
+
+
+@dataclass
+class _Shape:
+    """One step shape's binding: its inputs and logits, and the graph id it runs as."""
+
+    io: ort.IOBinding
+    inputs: dict[str, ort.OrtValue]
+    logits: ort.OrtValue
+    host_logits: np.ndarray | None  # the CPU logits' memory (read without a copy)
+    run_options: ort.RunOptions
+
+
+class CapturedSteps:
+    """Per step shape, a binding whose every tensor keeps its address from step to step.
+
+    Args:
+        session: the in-place decoder's session.
+        device: ``cpu`` or ``cuda``, and the device index.
+        vocab_size: the logits' last dimension.
+    """
+
+    def __init__(self, session: ort.InferenceSession, device: tuple[str, int], vocab_size: int):
+        self.session = session
+        self.kind, self.index = device
+        self.vocab_size = vocab_size
+        self._shapes: dict[tuple[int, ...], _Shape] = {}
+
+    @property
+    def graphs(self) -> int:
+        """Step shapes bound so far (on CUDA, one captured graph each)."""
+        return len(self._shapes)
+
+    def run(
+        self,
+        key: tuple[int, ...],
+        batch: int,
+        bind_caches: Callable[[ort.IOBinding], None],
+        feeds: Mapping[str, np.ndarray],
+    ) -> np.ndarray:
+        """One step of shape ``key`` (``batch`` rows first): write ``feeds`` into its inputs, run,
+        return the logits (batch, 1, vocab). ``bind_caches`` binds the cache buffers of that
+        shape the first time it runs."""
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._bind(batch, bind_caches, len(self._shapes) + 1)
+        for name, value in feeds.items():
+            shape.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
+        self.session.run_with_iobinding(shape.io, shape.run_options)
+        return shape.host_logits if shape.host_logits is not None else shape.logits.numpy()
+
+    def _bind(
+        self, batch: int, bind_caches: Callable[[ort.IOBinding], None], graph_id: int
+    ) -> _Shape:
+        io = self.session.io_binding()
+        bind_caches(io)
+        inputs = {}
+        for name, rank in STEP_INPUTS.items():
+            dims = [batch, 1][:rank]
+            value = ort.OrtValue.ortvalue_from_shape_and_type(dims, np.int64, self.kind, self.index)
+            io.bind_ortvalue_input(name, value)
+            inputs[name] = value
+        host = None
+        if self.kind == "cpu":
+            host = np.zeros((batch, 1, self.vocab_size), dtype=np.float32)
+            logits = ort.OrtValue.ortvalue_from_numpy(host)
+        else:
+            logits = ort.OrtValue.ortvalue_from_shape_and_type(
+                [batch, 1, self.vocab_size], np.float32, self.kind, self.index
+            )
+        io.bind_ortvalue_output(LOGITS, logits)
+        run_options = ort.RunOptions()
+        run_options.add_run_config_entry(GRAPH_ID, str(graph_id))  # 0 is ONNX Runtime's own
+        return _Shape(io, inputs, logits, host, run_options)

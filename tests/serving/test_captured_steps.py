@@ -1,0 +1,132 @@
+"""Decode steps at fixed addresses (what CUDA graphs replay): same tokens, same memory every step
+of a shape, a graph id per shape, and the CUDA graph option reaching only the in-place decoder."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from contract.graphs import DECODER_INPLACE, ENCODER, INPLACE_GRAPH_FILES, graph_files
+from contract.model_config import OnnxRuntimeOptions
+from contract.repository import read_model_config, resolve_version
+from serving.backends.captured_steps import CUDA_GRAPH_OPTION, GRAPH_ID
+from serving.backends.onnxruntime import OnnxRuntimeBackend, graph_provider_options
+from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.requests import GenerationRequest
+from serving.engine.slots import power_of_two_buckets
+from serving.seq2seq import Seq2SeqRunner
+from serving.served.generator import inplace_cache
+from tests.serving.test_inplace_cache import decode_all, load, translator_jobs
+
+HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def fixed(entry: Path, rows: int = 8, providers: tuple[str, ...] = ("CPUExecutionProvider",)):
+    """The translator's runner and an in-place cache whose steps run at fixed addresses, at
+    power-of-two batch sizes, as the server runs them when it captures CUDA graphs."""
+    config = read_model_config(entry)
+    options = dataclasses.replace(
+        config.onnxruntime, execution_providers=providers, cuda_graph=True
+    )
+    files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
+    backend = OnnxRuntimeBackend(resolve_version(entry), files, options)
+    sessions = {graph: backend.session(graph) for graph in INPLACE_GRAPH_FILES}
+    decoder = InPlaceDecoder(
+        sessions, config.decoder, rows, 20, config.limits.max_source_length, fixed_bindings=True
+    )
+    cache = InPlaceKVCache(decoder, config.decoder.pad_id, power_of_two_buckets(rows))
+    return config, Seq2SeqRunner(backend, config.decoder), cache
+
+
+def requests() -> list[GenerationRequest]:
+    return [GenerationRequest(options=o, source_ids=ids) for ids, o in translator_jobs()]
+
+
+def test_fixed_bindings_decode_the_same_tokens(tiny_repository: Path) -> None:
+    """Greedy, beam and sampling requests joining and leaving at staggered times."""
+    config, runner, cache = fixed(tiny_repository / "translator")
+    ours = decode_all(config, runner, cache, requests())
+    _, plain_runner, plain = load(tiny_repository / "translator")
+    theirs = decode_all(config, plain_runner, plain, requests())
+    assert [e.tokens for e in ours] == [e.tokens for e in theirs]
+    assert [e.alternatives and e.alternatives[0][0] for e in ours] == [
+        e.alternatives and e.alternatives[0][0] for e in theirs
+    ]
+    captured = cache.decoder.captured
+    assert captured is not None and captured.graphs > 1  # several batch sizes and widths ran
+    assert cache.rows == 0  # every row given back
+
+
+def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) -> None:
+    _, runner, cache = fixed(tiny_repository / "translator")
+    captured, vocab = cache.decoder.captured, cache.decoder.logits.shape[-1]
+    assert captured is not None
+    ids = np.array([[9, 10, 11, 2]])
+    rows = cache.admit(runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)}), [3])
+    steps = [cache.step(rows[0], np.array([5, 6, 7]), np.array([i] * 3)) for i in range(2)]
+    assert captured.graphs == 1  # rows 0..2 ran as the bucket of 4, twice
+    (shape,) = captured._shapes.values()
+    pointers = {name: value.data_ptr() for name, value in shape.inputs.items()}
+    third = cache.step(rows[0], np.array([8, 9, 10]), np.array([2, 2, 2]))
+    assert {name: v.data_ptr() for name, v in shape.inputs.items()} == pointers
+    # the inputs were overwritten in place: the third step's values, the idle row padded
+    assert shape.inputs["input_ids"].numpy()[:, 0].tolist() == [8, 9, 10, cache.pad_id]
+    assert shape.inputs["cache_lengths"].numpy().tolist() == [2, 2, 2, 0]
+    assert shape.run_options.get_run_config_entry(GRAPH_ID) == "1"  # 0 is ONNX Runtime's own
+    assert third.shape == steps[0].shape == (3, vocab)
+    assert np.isfinite(third).all() and not np.array_equal(third, steps[1])
+    # a wider cache is another shape: another binding, another graph id
+    more = cache.admit(runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)}), [3])
+    cache.step(np.concatenate([rows[0], more[0]]), np.arange(6), np.array([3, 3, 3, 0, 0, 0]))
+    assert captured.graphs == 2
+    ids_used = {s.run_options.get_run_config_entry(GRAPH_ID) for s in captured._shapes.values()}
+    assert ids_used == {"1", "2"}
+    assert {key[0] for key in captured._shapes} == {4, 8}  # batch buckets, not 3 and 6 rows
+
+
+def test_the_cuda_graph_option_reaches_only_the_inplace_decoder_on_cuda() -> None:
+    on = OnnxRuntimeOptions(cuda_graph=True)
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    given = {"CUDAExecutionProvider": {"device_id": "1"}}
+    options = graph_provider_options(DECODER_INPLACE, on, cuda, given)
+    assert options == [{"device_id": "1", CUDA_GRAPH_OPTION: "1"}, {}]
+    assert given == {"CUDAExecutionProvider": {"device_id": "1"}}  # the caller's dict untouched
+    for graph in (ENCODER, "decoder", "cache_write", "cache_copy", "cache_resize"):
+        assert graph_provider_options(graph, on, cuda, given) == [{"device_id": "1"}, {}]
+    off = OnnxRuntimeOptions(cuda_graph=False)
+    assert graph_provider_options(DECODER_INPLACE, off, cuda) == [{}, {}]
+    assert graph_provider_options(DECODER_INPLACE, on, ["CPUExecutionProvider"]) == [{}]
+
+
+def test_on_the_cpu_the_option_changes_nothing_and_says_so(
+    tiny_repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entry = tiny_repository / "translator"
+    config = read_model_config(entry)
+    config = dataclasses.replace(
+        config, onnxruntime=dataclasses.replace(config.onnxruntime, cuda_graph=True)
+    )
+    files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
+    backend = OnnxRuntimeBackend(resolve_version(entry), files, config.onnxruntime)
+    with caplog.at_level(logging.WARNING):
+        cache = inplace_cache(backend, config)
+    assert cache is not None and cache.decoder.captured is None and cache.buckets == ()
+    assert "onnxruntime.cuda_graph applies to the in-place decoder on CUDA only" in caplog.text
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need onnxruntime-gpu and a CUDA device")
+def test_cuda_graphs_decode_the_cpu_tokens(tiny_repository: Path) -> None:
+    entry = tiny_repository / "translator"
+    config, runner, cache = fixed(entry, providers=("CUDAExecutionProvider",))
+    assert cache.decoder.device.kind == "cuda"
+    ours = decode_all(config, runner, cache, requests())
+    _, cpu_runner, cpu = load(entry)
+    theirs = decode_all(config, cpu_runner, cpu, requests())
+    same = sum(a.tokens == b.tokens for a, b in zip(ours, theirs, strict=True))
+    assert same >= len(theirs) - 1  # GPU kernels may flip one near-tied token
