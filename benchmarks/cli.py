@@ -65,7 +65,9 @@ def _engine_parser(commands: Any) -> None:
         type=_words,
         help="engine families to run: attnserve,ctranslate2,hf (default all)",
     )
-    engine.add_argument("--precisions", type=_words, help="fp32,int8 (default both)")
+    engine.add_argument(
+        "--precisions", type=_words, help="fp32,int8 (default both); fp16 with --device cuda"
+    )
     engine.add_argument(
         "--fast-int8",
         action="store_true",

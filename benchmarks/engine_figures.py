@@ -12,8 +12,9 @@ from typing import Any
 
 from benchmarks.engine_settings import EngineSettings
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")
 HF_REFERENCE = "hf-generate-kv"
+HF_FP16_REFERENCE = "hf-generate-kv-fp16"  # fp16 rows' HF peer, when measured (CUDA)
 
 
 def derive(rows: list[dict[str, Any]], settings: EngineSettings, peak_gflops: float) -> None:
@@ -39,9 +40,11 @@ def _rates(row: dict[str, Any], new_tokens: int, flops: float, peak_gflops: floa
 
 
 def _ratios(same_batch: list[dict[str, Any]]) -> None:
-    """Ratios to the best CTranslate2 split of the row's precision (else fp32) and to HF."""
+    """Ratios to the best CTranslate2 split of the row's precision (else fp32) and to HF
+    ``generate`` with KV cache (fp16 rows: the half-precision model's, when it ran)."""
     measured = [r for r in same_batch if r["tokens_per_s"]]
-    hf = next((r["tokens_per_s"] for r in measured if r["engine"] == HF_REFERENCE), None)
+    rates = {r["engine"]: r["tokens_per_s"] for r in measured}
+    hf = rates.get(HF_REFERENCE)
     best_ct2 = {
         precision: max(
             (
@@ -57,7 +60,8 @@ def _ratios(same_batch: list[dict[str, Any]]) -> None:
         rate = row["tokens_per_s"]
         ct2 = best_ct2.get(row["precision"]) or best_ct2.get("fp32")
         row["ratio_to_ctranslate2"] = round(rate / ct2, 3) if rate and ct2 else None
-        row["ratio_to_hf"] = round(rate / hf, 3) if rate and hf else None
+        peer = (rates.get(HF_FP16_REFERENCE) if row["precision"] == "fp16" else None) or hf
+        row["ratio_to_hf"] = round(rate / peer, 3) if rate and peer else None
 
 
 ATTNSERVE_VARIANTS = ("", "-kv8", "-cudagraph")  # summarised beside the peers, per precision

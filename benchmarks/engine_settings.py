@@ -69,8 +69,12 @@ class EngineSettings:
         unknown = sorted(set(self.engines) - set(FAMILIES))
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; choose from {list(FAMILIES)}")
-        bad = sorted(set(self.precisions) - {"fp32", "int8"})
+        bad = sorted(set(self.precisions) - {"fp32", "fp16", "int8"})
         if bad:
-            raise ValueError(f"unknown precision(s) {bad}; choose from fp32, int8")
+            raise ValueError(f"unknown precision(s) {bad}; choose from fp32, fp16, int8")
         if self.device not in ("cpu", "cuda"):
             raise ValueError("--device must be cpu or cuda")
+        if "fp16" in self.precisions and self.device != "cuda":
+            raise ValueError(
+                "fp16 runs with --device cuda only (CTranslate2 has no fp16 compute on the CPU)"
+            )

@@ -74,7 +74,7 @@ def ctranslate2_available(device: str) -> str | None:
 
 
 def convert_ctranslate2(marian_dir: Path, cache: Path, quantization: str) -> Path:
-    """Convert the HF Marian directory once per quantisation ("float32" | "int8")."""
+    """Convert the HF Marian directory once per quantisation (``CT2_TYPES``' values)."""
     from ctranslate2.converters import TransformersConverter
 
     target = Path(cache) / f"ct2-{Path(marian_dir).name}-{quantization}"
@@ -92,6 +92,9 @@ def convert_ctranslate2(marian_dir: Path, cache: Path, quantization: str) -> Pat
     return target
 
 
+CT2_TYPES = {"fp32": "float32", "fp16": "float16", "int8": "int8"}  # precision -> CTranslate2's
+
+
 class CTranslate2Runner(Runner):
     """``ctranslate2.Translator.translate_batch`` on token strings, min = max decoding length."""
 
@@ -107,7 +110,7 @@ class CTranslate2Runner(Runner):
     ) -> None:
         import ctranslate2
 
-        compute_type = {"fp32": "float32", "int8": "int8"}[precision]
+        compute_type = CT2_TYPES[precision]
         if device == "cuda" and precision == "int8":
             compute_type = "int8_float16"
         super().__init__(
@@ -171,21 +174,33 @@ def hf_available(device: str) -> str | None:
     return None
 
 
+def hf_name(use_cache: bool, precision: str = "fp32") -> str:
+    """``hf-generate-kv`` / ``-nokv``, with ``-fp16`` for the half-precision model."""
+    return f"hf-generate-{'kv' if use_cache else 'nokv'}" + ("-fp16" if precision == "fp16" else "")
+
+
 class HFGenerateRunner(Runner):
     """``MarianMTModel.generate``: greedy, min_new_tokens = max_new_tokens, with / without cache."""
 
     def __init__(
-        self, marian_dir: Path, new_tokens: int, use_cache: bool, threads: int, device: str = "cpu"
+        self,
+        marian_dir: Path,
+        new_tokens: int,
+        use_cache: bool,
+        threads: int,
+        device: str = "cpu",
+        precision: str = "fp32",
     ) -> None:
+        """``precision`` fp16: the model in half precision (on CUDA)."""
         import torch
         import transformers
 
-        cache = "kv" if use_cache else "nokv"
         super().__init__(
-            name=f"hf-generate-{cache}",
+            name=hf_name(use_cache, precision),
             family="hf",
-            precision="fp32",
-            label=f"HF transformers generate, {'KV cache' if use_cache else 'no KV cache'}",
+            precision=precision,
+            label=f"HF transformers generate, {'KV cache' if use_cache else 'no KV cache'}"
+            + (", fp16" if precision == "fp16" else ""),
             config={
                 "transformers": transformers.__version__,
                 "torch": torch.__version__,
@@ -197,11 +212,10 @@ class HFGenerateRunner(Runner):
         torch.set_num_threads(threads)
         self.torch = torch
         self.device = device
-        self.model = (
-            transformers.MarianMTModel.from_pretrained(str(marian_dir), local_files_only=True)
-            .to(device)  # type: ignore[arg-type]
-            .eval()
-        )
+        model = transformers.MarianMTModel.from_pretrained(str(marian_dir), local_files_only=True)
+        if precision == "fp16":
+            model = model.half()
+        self.model = model.to(device).eval()  # type: ignore[arg-type]
         self.new_tokens = new_tokens
         self.use_cache = use_cache
 

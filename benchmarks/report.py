@@ -156,6 +156,7 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
         (f"{precision}{kv_label}{split_label}", f"attnserve-{precision}{kv}{split_name}")
         for precision, kv, kv_label in (
             ("fp32", "", ""),
+            ("fp16", "", ""),
             ("int8", "", ""),
             ("int8", "-kv8", ", int8 KV cache"),
         )
@@ -191,7 +192,7 @@ def _engine_notes(result: dict[str, Any]) -> list[str]:
         entry = best.get(str(batch), {})
         splits = [
             f"{p} {entry[f'best_ctranslate2_{p}']['engine'].rsplit('-', 1)[1]}"
-            for p in ("fp32", "int8")
+            for p in ("fp32", "fp16", "int8")
             if f"best_ctranslate2_{p}" in entry
         ]
         if splits:

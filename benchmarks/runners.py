@@ -25,6 +25,7 @@ from benchmarks.attnserve_runner import (
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.output import log
 from benchmarks.peers import (
+    CT2_TYPES,
     CTranslate2Runner,
     HFGenerateRunner,
     Runner,
@@ -32,6 +33,7 @@ from benchmarks.peers import (
     convert_ctranslate2,
     ctranslate2_available,
     hf_available,
+    hf_name,
     thread_splits,
 )
 
@@ -129,7 +131,7 @@ def ctranslate2_specs(
             skipped.append({"engine": f"ctranslate2-{precision}", "reason": reason})
             log(f"skipping ctranslate2-{precision}: {reason}")
             continue
-        quantization = {"fp32": "float32", "int8": "int8"}[precision]
+        quantization = CT2_TYPES[precision]
         model_dir = convert_ctranslate2(marian_dir, cache, quantization)
         for inter, intra in splits:
             kwargs = {
@@ -149,11 +151,15 @@ def ctranslate2_specs(
 def hf_specs(
     settings: EngineSettings, marian_dir: Path, skipped: list[Skipped]
 ) -> list[RunnerSpec]:
-    """Hugging Face ``generate`` with and without the KV cache (or both in ``skipped``)."""
+    """Hugging Face ``generate`` with and without the KV cache (or both in ``skipped``); with
+    fp16 among the precisions also the half-precision model with the KV cache (the fp16 peer)."""
     reason = hf_available(settings.device)
     specs = []
-    for use_cache in (True, False):
-        name = f"hf-generate-{'kv' if use_cache else 'nokv'}"
+    variants = [(True, "fp32"), (False, "fp32")]
+    if "fp16" in settings.precisions:
+        variants.append((True, "fp16"))
+    for use_cache, precision in variants:
+        name = hf_name(use_cache, precision)
         if reason is not None:
             skipped.append({"engine": name, "reason": reason})
             continue
@@ -163,6 +169,7 @@ def hf_specs(
             "use_cache": use_cache,
             "threads": settings.threads,
             "device": settings.device,
+            "precision": precision,
         }
         specs.append(RunnerSpec(name, "hf", kwargs))
     return specs

@@ -72,7 +72,7 @@ ENGINE_ROW = {
     "properties": {
         "engine": STRING,
         "family": {"type": "string", "enum": ["attnserve", "ctranslate2", "hf"]},
-        "precision": {"type": "string", "enum": ["fp32", "int8"]},
+        "precision": {"type": "string", "enum": ["fp32", "fp16", "int8"]},
         "batch": {"type": "integer", "minimum": 1},
         "runs_s": {"type": "array", "items": NUMBER},
         "median_s": OPT_NUMBER,

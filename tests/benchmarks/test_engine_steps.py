@@ -127,6 +127,26 @@ def test_derived_rates_ratios_and_summary() -> None:
     assert entry["attnserve_int8"]["tokens_per_s"] == 200.0
 
 
+def test_fp16_rows_are_compared_with_the_fp16_peers() -> None:
+    config = settings(batches=(1,), new_tokens=10, device="cuda", precisions=("fp32", "fp16"))
+    rows = [
+        _row("attnserve-fp16", "attnserve", "fp16", 1, 0.05),
+        _row("ctranslate2-fp16-1x1", "ctranslate2", "fp16", 1, 0.1),
+        _row("ctranslate2-fp32-1x1", "ctranslate2", "fp32", 1, 0.2),
+        _row("hf-generate-kv", "hf", "fp32", 1, 0.5),
+        _row("hf-generate-kv-fp16", "hf", "fp16", 1, 0.25),
+    ]
+    derive(rows, config, peak_gflops=100.0)
+    ours, _, _, hf32, hf16 = rows
+    assert ours["ratio_to_ctranslate2"] == 2.0 and ours["ratio_to_hf"] == 5.0  # fp16 peers
+    assert hf32["ratio_to_hf"] == 1.0 and hf16["ratio_to_hf"] == 1.0
+    entry = summary(rows, config)["by_batch"]["1"]
+    assert entry["best_ctranslate2_fp16"]["engine"] == "ctranslate2-fp16-1x1"
+    assert entry["attnserve_fp16"]["ratio_to_hf"] == 5.0
+    derive(rows[:4], config, peak_gflops=100.0)  # no fp16 HF run: the fp32 one
+    assert rows[0]["ratio_to_hf"] == 10.0
+
+
 def test_runner_specs_and_skips(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(runners, "ctranslate2_available", lambda device: None)
     monkeypatch.setattr(runners, "convert_ctranslate2", lambda d, c, q: tmp_path / f"ct2-{q}")
@@ -161,12 +181,37 @@ def test_attnserve_specs_per_device(
     assert specs[1].kwargs.get("instances", 1) == (2 if device == "cpu" else 1)
 
 
+def test_fp16_specs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(runners, "export_attnserve", lambda *a: tmp_path / a[3])
+    monkeypatch.setattr(runners, "ctranslate2_available", lambda device: None)
+    monkeypatch.setattr(runners, "convert_ctranslate2", lambda d, c, q: tmp_path / f"ct2-{q}")
+    monkeypatch.setattr(runners, "hf_available", lambda device: None)
+    config = settings(threads=2, device="cuda", precisions=("fp16",))
+    specs, skipped = runners.runner_specs(config, tmp_path / "marian", tmp_path)
+    assert not skipped
+    assert [s.name for s in specs] == [
+        "attnserve-fp16",
+        "attnserve-fp16-cudagraph",
+        "attnserve-fp16-growing",
+        "ctranslate2-fp16-1x1",
+        "hf-generate-kv",  # the fp32 reference every engine's agreement is measured against
+        "hf-generate-nokv",
+        "hf-generate-kv-fp16",
+    ]
+    assert specs[0].kwargs["entry"] == tmp_path / "fp16"
+    assert specs[3].kwargs["model_dir"] == tmp_path / "ct2-float16"
+    assert specs[-1].kwargs["precision"] == "fp16" and specs[-1].kwargs["device"] == "cuda"
+
+
 def test_settings_checks_and_source_ids() -> None:
     with pytest.raises(ValueError, match="engine"):
         settings(engines=("tensorrt",)).check()
     with pytest.raises(ValueError, match="batches"):
         settings(batches=()).check()
     settings().check()
+    with pytest.raises(ValueError, match="fp16 runs with --device cuda only"):
+        settings(precisions=("fp16",)).check()
+    settings(precisions=("fp32", "fp16"), device="cuda").check()
     ids = source_ids(np.random.default_rng(0), 3, 6, TINY)
     assert ids.shape == (3, 6) and (ids[:, -1] == EOS_ID).all()
     assert ((ids[:, :-1] >= 2) & (ids[:, :-1] < TINY.pad_id)).all()
