@@ -68,7 +68,9 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     the usable cores divided among the instances (at least 1). Instances of one thread share one
     backend: ONNX Runtime runs concurrent calls of a session each on its caller's thread, so the
     weights (and the kernels' pre-packed copies of them) are held once, as CTranslate2's workers
-    share one model; instances of several threads get their own sessions and thread pools.
+    share one model; instances of several threads get their own sessions and thread pools, and
+    so do instances whose decode steps replay CUDA graphs (``onnxruntime.cuda_graph``: a captured
+    graph belongs to its session and is replayed one run at a time).
 
     Raises:
         BackendError: the backend is not available here or the graphs do not load.
@@ -79,7 +81,7 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     if config.onnxruntime.intra_op_threads == 0:
         threads = max(1, len(os.sched_getaffinity(0)) // instances)
         config = replace(config, onnxruntime=replace(config.onnxruntime, intra_op_threads=threads))
-    if config.onnxruntime.intra_op_threads == 1:
+    if config.onnxruntime.intra_op_threads == 1 and not config.onnxruntime.cuda_graph:
         return [make_backend(config, version_dir)] * instances
     return [make_backend(config, version_dir) for _ in range(instances)]
 

@@ -13,6 +13,7 @@ The same bindings run on the CPU, where there is nothing to capture; the tests c
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ from contract.graphs import LOGITS
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: the graph a run captures or replays
 STEP_INPUTS = {"input_ids": 2, "cache_lengths": 1, "cross_lengths": 1}  # name -> rank (int64)
 CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option that turns capture on
+# Graph ids are unique in the process (from 1: 0 is ONNX Runtime's own, -1 means "no graph"), so
+# that two decoders on one session could never replay each other's graphs.
+_GRAPH_IDS = itertools.count(1)
 
 
 def captures_cuda_graphs(session: ort.InferenceSession) -> bool:
@@ -76,7 +80,7 @@ class CapturedSteps:
         shape the first time it runs."""
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = self._bind(batch, bind_caches, len(self._shapes) + 1)
+            shape = self._shapes[key] = self._bind(batch, bind_caches, next(_GRAPH_IDS))
         for name, value in feeds.items():
             shape.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
         self.session.run_with_iobinding(shape.io, shape.run_options)
@@ -103,5 +107,5 @@ class CapturedSteps:
             )
         io.bind_ortvalue_output(LOGITS, logits)
         run_options = ort.RunOptions()
-        run_options.add_run_config_entry(GRAPH_ID, str(graph_id))  # 0 is ONNX Runtime's own
+        run_options.add_run_config_entry(GRAPH_ID, str(graph_id))
         return _Shape(io, inputs, logits, host, run_options)

@@ -78,7 +78,8 @@ def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) ->
     # the inputs were overwritten in place: the third step's values, the idle row padded
     assert shape.inputs["input_ids"].numpy()[:, 0].tolist() == [8, 9, 10, cache.pad_id]
     assert shape.inputs["cache_lengths"].numpy().tolist() == [2, 2, 2, 0]
-    assert shape.run_options.get_run_config_entry(GRAPH_ID) == "1"  # 0 is ONNX Runtime's own
+    first = int(shape.run_options.get_run_config_entry(GRAPH_ID))
+    assert first >= 1  # 0 is ONNX Runtime's own, -1 means no graph
     assert third.shape == steps[0].shape == (3, vocab)
     assert np.isfinite(third).all() and not np.array_equal(third, steps[1])
     # a wider cache is another shape: another binding, another graph id
@@ -86,7 +87,7 @@ def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) ->
     cache.step(np.concatenate([rows[0], more[0]]), np.arange(6), np.array([3, 3, 3, 0, 0, 0]))
     assert captured.graphs == 2
     ids_used = {s.run_options.get_run_config_entry(GRAPH_ID) for s in captured._shapes.values()}
-    assert ids_used == {"1", "2"}
+    assert len(ids_used) == 2 and str(first) in ids_used
     assert {key[0] for key in captured._shapes} == {4, 8}  # batch buckets, not 3 and 6 rows
 
 
