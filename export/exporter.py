@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 
 from contract.graphs import (
@@ -26,6 +27,7 @@ from contract.images import pixel_values
 from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
 from contract.repository import REPOSITORY_FORMAT, write_manifest
 from export.cache_graphs import write_cache_graphs
+from export.cast_round_trips import drop_cast_round_trips
 from export.errors import ExportError
 from export.kv_int8 import int8_kv_cache
 from export.onnx_export import export_graph, op_census
@@ -139,16 +141,19 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
             exported = Path(scratch) / spec.filename if options.precision == "int8" else final
             dtype = torch.float16 if options.precision == "fp16" else torch.float32
             onnx_model = export_graph(spec, exported, options.opset, options.seed, dtype)
+            round_trips = drop_cast_round_trips(onnx_model) if options.precision == "fp16" else 0
+            if round_trips:
+                onnx.save(onnx_model, str(final))
             if options.precision == "int8":
                 quantize_int8(exported, final)
-                import onnx
-
                 onnx_model = onnx.load(str(final))
                 if spec.name == DECODER_INPLACE and options.kv_cache_dtype == "int8":
                     shape = decoder_spec(loaded.model.config)
                     onnx_model = int8_kv_cache(onnx_model, shape.num_layers, shape.head_dim)
                     onnx.save(onnx_model, str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
+            if options.precision == "fp16":
+                graphs[spec.name]["cast_round_trips_removed"] = round_trips
     helpers = _write_cache_graphs(loaded, version_dir, options)
     backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
         version_dir,
