@@ -28,6 +28,8 @@ CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option that turns
 # Graph ids are unique in the process (from 1: 0 is ONNX Runtime's own, -1 means "no graph"), so
 # that two decoders on one session could never replay each other's graphs.
 _GRAPH_IDS = itertools.count(1)
+NO_GRAPH = -1  # the run option value that runs without capturing or replaying
+MAX_GRAPHS = 64  # captured graphs per decoder; each holds its step's device memory
 
 
 def captures_cuda_graphs(session: ort.InferenceSession) -> bool:
@@ -55,17 +57,26 @@ class CapturedSteps:
         session: the in-place decoder's session.
         device: ``cpu`` or ``cuda``, and the device index.
         vocab_size: the logits' last dimension.
+        max_graphs: shapes beyond this many still run at fixed addresses, but without a graph
+            (batch buckets x cache widths can make hundreds of shapes on a large model).
     """
 
-    def __init__(self, session: ort.InferenceSession, device: tuple[str, int], vocab_size: int):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        device: tuple[str, int],
+        vocab_size: int,
+        max_graphs: int = MAX_GRAPHS,
+    ):
         self.session = session
         self.kind, self.index = device
         self.vocab_size = vocab_size
+        self.max_graphs = max_graphs
         self._shapes: dict[tuple[int, ...], _Shape] = {}
 
     @property
     def graphs(self) -> int:
-        """Step shapes bound so far (on CUDA, one captured graph each)."""
+        """Step shapes bound so far (on CUDA, one captured graph each up to ``max_graphs``)."""
         return len(self._shapes)
 
     def run(
@@ -80,7 +91,8 @@ class CapturedSteps:
         shape the first time it runs."""
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = self._bind(batch, bind_caches, next(_GRAPH_IDS))
+            graph_id = next(_GRAPH_IDS) if len(self._shapes) < self.max_graphs else NO_GRAPH
+            shape = self._shapes[key] = self._bind(batch, bind_caches, graph_id)
         for name, value in feeds.items():
             shape.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
         self.session.run_with_iobinding(shape.io, shape.run_options)

@@ -88,6 +88,11 @@ def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) ->
     assert captured.graphs == 2
     ids_used = {s.run_options.get_run_config_entry(GRAPH_ID) for s in captured._shapes.values()}
     assert len(ids_used) == 2 and str(first) in ids_used
+    captured.max_graphs = 2  # a third shape runs at fixed addresses, without a graph
+    cache.step(np.concatenate([rows[0], more[0]]), np.arange(6), np.full(6, 8))  # width 16
+    assert captured.graphs == 3
+    newest = list(captured._shapes.values())[-1]
+    assert newest.run_options.get_run_config_entry(GRAPH_ID) == "-1"
     assert {key[0] for key in captured._shapes} == {4, 8}  # batch buckets, not 3 and 6 rows
 
 
