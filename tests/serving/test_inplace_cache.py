@@ -280,3 +280,35 @@ def test_only_the_step_graphs_spin(tiny_repository: Path) -> None:
     assert {
         quiet.session(g).get_session_options().get_session_config_entry(entry) for g in files
     } == {"0"}
+
+
+@pytest.mark.parametrize("entry", ["tiny:translator", "int8:kv8"])
+@pytest.mark.parametrize(("start", "end", "rows"), [(8, 16, 3), (16, 8, 5), (20, 8, 8), (8, 20, 1)])
+def test_host_relayout_equals_the_cache_resize_graph(
+    request: pytest.FixtureRequest, entry: str, start: int, end: int, rows: int
+) -> None:
+    """On the CPU the caches are re-laid out in host memory; the device path's ``cache_resize``
+    graph gives the same buffers (float caches, and int8 ones: transposed keys and scales)."""
+    fixture, name = entry.split(":")
+    root = request.getfixturevalue("tiny_repository" if fixture == "tiny" else "int8_repository")
+    decoder = load(root / name)[2].decoder
+    buffers = list(decoder.past.values())
+    decoder.resize("past", start, 0)  # no rows in use: only the width changes
+    rng = np.random.default_rng(start * 100 + end + rows)
+    for buffer in buffers:
+        view = buffer.host()
+        view[...] = rng.integers(-100, 100, view.shape).astype(view.dtype)
+    before = {id(b): b.host()[:rows].copy() for b in buffers}
+    snapshot = [b._host.copy() for b in buffers]
+    decoder.resize("past", end, rows)
+    ours = [b.host()[:rows].copy() for b in buffers]
+    for buffer, saved in zip(buffers, snapshot, strict=True):
+        buffer._host[...] = saved
+        buffer.width = start
+    decoder.resize_with_graph(buffers, end, rows)
+    for buffer, mine in zip(buffers, ours, strict=True):
+        np.testing.assert_array_equal(buffer.host()[:rows], mine)
+        axis = 3 if buffer.width_last else 2
+        kept = np.take(before[id(buffer)], range(min(start, end)), axis=axis)
+        np.testing.assert_array_equal(np.take(mine, range(min(start, end)), axis=axis), kept)
+        assert not np.take(mine, range(min(start, end), end), axis=axis).any()  # zero-padded
