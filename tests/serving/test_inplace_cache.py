@@ -312,3 +312,35 @@ def test_host_relayout_equals_the_cache_resize_graph(
         kept = np.take(before[id(buffer)], range(min(start, end)), axis=axis)
         np.testing.assert_array_equal(np.take(mine, range(min(start, end)), axis=axis), kept)
         assert not np.take(mine, range(min(start, end), end), axis=axis).any()  # zero-padded
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    heads=st.integers(1, 3),
+    inner=st.integers(1, 4),
+    widths=st.lists(st.integers(1, 12), min_size=2, max_size=5),
+    width_last=st.booleans(),
+    int8=st.booleans(),
+)
+def test_relayouts_keep_every_row_like_numpy(
+    rows: int, heads: int, inner: int, widths: list[int], width_last: bool, int8: bool
+) -> None:
+    """A buffer re-laid out again and again holds, per row, what padding / cutting the first
+    layout along its position axis gives (the other axes untouched)."""
+    from serving.backends.onnxruntime_io import CacheBuffer, Device
+
+    dtype = np.int8 if int8 else np.float32
+    buffer = CacheBuffer(rows + 1, heads, 12, inner, dtype, Device(), width_last)
+    buffer.width = widths[0]
+    axis = 3 if width_last else 2
+    start = np.random.default_rng(len(widths)).integers(1, 100, buffer.host().shape)
+    buffer.host()[...] = start.astype(dtype)
+    expected = buffer.host()[:rows].copy()
+    for width in widths[1:]:
+        buffer.relayout(width, rows)
+        kept = min(width, expected.shape[axis])
+        pad = [(0, 0)] * 4
+        pad[axis] = (0, width - kept)
+        expected = np.pad(np.take(expected, range(kept), axis=axis), pad)
+        np.testing.assert_array_equal(buffer.host()[:rows], expected)
