@@ -14,6 +14,7 @@ The same bindings run on the CPU, where there is nothing to capture; the tests c
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -21,6 +22,8 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.graphs import LOGITS
+
+log = logging.getLogger(__name__)
 
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: the graph a run captures or replays
 STEP_INPUTS = {"input_ids": 2, "cache_lengths": 1, "cross_lengths": 1}  # name -> rank (int64)
@@ -48,6 +51,7 @@ class _Shape:
     logits: ort.OrtValue
     host_logits: np.ndarray | None  # the CPU logits' memory (read without a copy)
     run_options: ort.RunOptions
+    graph_id: int
 
 
 class CapturedSteps:
@@ -95,8 +99,31 @@ class CapturedSteps:
             shape = self._shapes[key] = self._bind(batch, bind_caches, graph_id)
         for name, value in feeds.items():
             shape.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
-        self.session.run_with_iobinding(shape.io, shape.run_options)
+        try:
+            self.session.run_with_iobinding(shape.io, shape.run_options)
+        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+            if shape.graph_id == NO_GRAPH:
+                raise
+            self._without_graphs(key, shape, err)
+            self.session.run_with_iobinding(shape.io, shape.run_options)
         return shape.host_logits if shape.host_logits is not None else shape.logits.numpy()
+
+    def _without_graphs(self, key: tuple[int, ...], shape: _Shape, err: Exception) -> None:
+        """A graph that cannot be captured or replayed: its shape, and every shape not bound yet,
+        run without one from now on (the graphs captured before keep replaying)."""
+        log.warning(
+            "CUDA graph %d (step of %d rows, cache widths %s) failed: %s; decoding on without "
+            "CUDA graphs for this shape and new ones (set onnxruntime.cuda_graph: false to turn "
+            "them off)",
+            shape.graph_id,
+            key[0],
+            list(key[1:]),
+            err,
+        )
+        self.max_graphs = 0  # no new captures
+        shape.graph_id = NO_GRAPH
+        shape.run_options = ort.RunOptions()
+        shape.run_options.add_run_config_entry(GRAPH_ID, str(NO_GRAPH))
 
     def _bind(
         self, batch: int, bind_caches: Callable[[ort.IOBinding], None], graph_id: int
@@ -120,4 +147,4 @@ class CapturedSteps:
         io.bind_ortvalue_output(LOGITS, logits)
         run_options = ort.RunOptions()
         run_options.add_run_config_entry(GRAPH_ID, str(graph_id))
-        return _Shape(io, inputs, logits, host, run_options)
+        return _Shape(io, inputs, logits, host, run_options, graph_id)

@@ -136,3 +136,44 @@ def test_cuda_graphs_decode_the_cpu_tokens(tiny_repository: Path) -> None:
     theirs = decode_all(config, cpu_runner, cpu, requests())
     same = sum(a.tokens == b.tokens for a, b in zip(ours, theirs, strict=True))
     assert same >= len(theirs) - 1  # GPU kernels may flip one near-tied token
+
+
+class RefusesGraphs:
+    """A session whose provider cannot capture CUDA graphs: every run with a graph id fails (as
+    ONNX Runtime does when a graph's nodes cannot be captured); runs without one go through."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.refused = 0
+
+    def io_binding(self) -> ort.IOBinding:
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, io: ort.IOBinding, run_options: ort.RunOptions) -> None:
+        if run_options.get_run_config_entry(GRAPH_ID) != "-1":
+            self.refused += 1
+            raise RuntimeError("this graph cannot be captured")
+        self.session.run_with_iobinding(io, run_options)
+
+
+def test_a_graph_that_cannot_be_captured_falls_back_with_a_warning(
+    tiny_repository: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Decoding goes on with the same tokens, the shape and every new one without a graph."""
+    config, runner, cache = fixed(tiny_repository / "translator")
+    captured = cache.decoder.captured
+    assert captured is not None
+    refusing = RefusesGraphs(captured.session)
+    captured.session = refusing
+    with caplog.at_level(logging.WARNING):
+        ours = decode_all(config, runner, cache, requests())
+    _, plain_runner, plain = load(tiny_repository / "translator")
+    assert [e.tokens for e in ours] == [
+        e.tokens for e in decode_all(config, plain_runner, plain, requests())
+    ]
+    assert refusing.refused == 1  # the first graph failed; no other was tried
+    assert "decoding on without CUDA graphs" in caplog.text
+    assert {s.run_options.get_run_config_entry(GRAPH_ID) for s in captured._shapes.values()} == {
+        "-1"
+    }
+    assert captured.graphs > 1
