@@ -10,7 +10,7 @@ Goal ids (``name``) are stable: `attnserve bench report` reads older results.
   ``two_frontends`` setup): the better of 1 and 2 frontend processes reaches >= 60% of it;
   ``[best_workers]`` (runs that also measured ``instances``): the best of those and of two engine
   instances behind one frontend;
-- ``overhead_p50_ms[translate]`` (``[translate,two_frontends]``) and
+- ``overhead_p50_ms[translate]`` (``[translate,two_frontends]``, ``[translate,instances]``) and
   ``overhead_p50_ms[classify,SETUP]``: per-request gRPC + scheduling overhead <= 1 ms p50 at
   concurrency 1;
 - ``vit_c32_vs_ort_b32[SETUP]``: the ViT at concurrency 32 >= 90% of onnxruntime's own
@@ -27,9 +27,9 @@ from typing import Any
 
 from benchmarks.serve_settings import (
     FRONTEND_WORKERS,
-    FULL_SETUPS,
     GOAL_CONCURRENCY,
     INSTANCES,
+    OVERHEAD_SETUPS,
     SETUPS,
 )
 from benchmarks.serve_setups import BATCHING_EDITS
@@ -154,13 +154,21 @@ def translator_goals(
         best = best_workers_goal(goals, name)
         if best is not None:
             goals.append(best)
-    engine_ms = translator["minimal_request_ms"]["p50"]
-    for setup in FULL_SETUPS:
+    for setup in OVERHEAD_SETUPS:
         minimal = find_point(points, model="translator", workload="minimal", variant=setup)
         if minimal is None and setup != "batching":
             continue
-        goals.append(translate_overhead_goal(minimal, engine_ms, setup))
+        goals.append(translate_overhead_goal(minimal, setup_engine_ms(translator, setup), setup))
     return goals
+
+
+def setup_engine_ms(translator: dict[str, Any], setup: str) -> float:
+    """The minimal request's engine time with the intra-op threads one engine of ``setup`` has
+    (results before ``minimal_request_ms_by_threads`` have only the full thread count's)."""
+    instances = BATCHING_EDITS[setup]["translator"].get("instances", 1)
+    by_threads = translator.get("minimal_request_ms_by_threads", {})
+    threads = max(1, translator.get("threads", 0) // instances)
+    return by_threads.get(str(threads), translator["minimal_request_ms"])["p50"]
 
 
 def served_vs_offline_goal(

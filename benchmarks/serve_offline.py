@@ -19,7 +19,7 @@ import numpy as np
 
 from benchmarks.attnserve_runner import fixed_greedy
 from benchmarks.serve_settings import GOAL_CONCURRENCY, ServeSettings
-from benchmarks.serve_setups import with_server_onnxruntime
+from benchmarks.serve_setups import BATCHING_EDITS, with_server_onnxruntime
 
 
 def measure_offline(
@@ -50,16 +50,11 @@ def served_model(entry: Path, threads: int, device: str) -> Any:
 
 
 def offline_translator(entry: Path, settings: ServeSettings, language: str) -> dict[str, Any]:
-    """Fixed-length greedy tokens/s at batch 1 and 32, and the minimal request's engine time."""
+    """Fixed-length greedy tokens/s at batch 1 and 32, and the minimal request's engine time
+    (also per engine thread count of the measured setups: ``minimal_request_ms_by_threads``)."""
     model = served_model(entry, settings.threads, settings.device)
-    runner, cache, spec = model.engine.runner, model.engine.cache, model.config.decoder
     ids = model.source_ids(settings.text, language)[None, :]
-
-    def decode(batch_ids: np.ndarray, new_tokens: int) -> None:
-        mask = np.ones_like(batch_ids)
-        encoded = runner.encode({"input_ids": batch_ids, "attention_mask": mask})
-        fixed_greedy(cache, encoded, spec, new_tokens, [spec.eos_id])
-
+    decode = partial(_decode_with, model)
     result: dict[str, Any] = {
         "source_tokens": int(ids.shape[1]),
         "new_tokens": settings.new_tokens,
@@ -75,15 +70,43 @@ def offline_translator(entry: Path, settings: ServeSettings, language: str) -> d
         )
         result["tokens_per_s"][str(batch)] = round(rate, 2)
         result["runs_s"][str(batch)] = [round(t, 5) for t in times]
-    samples = _minimal_request_times(partial(decode, ids, 1), settings.overhead_s)
-    result["minimal_request_ms"] = {
+    result["threads"] = settings.threads
+    result["minimal_request_ms"] = _minimal_request(partial(decode, ids, 1), settings, model)
+    by_threads = {str(settings.threads): result["minimal_request_ms"]}
+    for threads in sorted(setup_engine_threads(settings) - {settings.threads}):
+        one = served_model(entry, threads, settings.device)  # an engine instance's own threads
+        by_threads[str(threads)] = _minimal_request(
+            partial(_decode_with, one, ids, 1), settings, one
+        )
+    result["minimal_request_ms_by_threads"] = by_threads
+    return result
+
+
+def setup_engine_threads(settings: ServeSettings) -> set[int]:
+    """The intra-op threads of one translator engine in each measured setup (the threads are
+    divided among a setup's engine instances)."""
+    return {
+        max(1, settings.threads // BATCHING_EDITS[setup]["translator"].get("instances", 1))
+        for setup in settings.setups
+        if "translator" in BATCHING_EDITS[setup]
+    }
+
+
+def _decode_with(model: Any, batch_ids: np.ndarray, new_tokens: int) -> None:
+    runner, cache, spec = model.engine.runner, model.engine.cache, model.config.decoder
+    encoded = runner.encode({"input_ids": batch_ids, "attention_mask": np.ones_like(batch_ids)})
+    fixed_greedy(cache, encoded, spec, new_tokens, [spec.eos_id])
+
+
+def _minimal_request(minimal: Callable[[], None], settings: ServeSettings, model: Any) -> dict:
+    samples = _minimal_request_times(minimal, settings.overhead_s)
+    return {
         "p50": round(float(np.percentile(samples, 50)) * 1000, 4),
         "mean": round(float(np.mean(samples)) * 1000, 4),
         "samples": len(samples),
         "what": "encode + one decoder step at batch 1 (the served KV cache, server's ORT options)",
         "kv_cache": model.kv_cache,
     }
-    return result
 
 
 def _median_rate(
@@ -155,8 +178,20 @@ def merge_offline(first: dict[str, Any], second: dict[str, Any], key: str) -> di
     merged["after"] = second[key]
     for name in ("minimal_request_ms", "batch1_ms"):
         if name in first and name in second:
-            merged[name] = dict(first[name])
-            merged[name]["p50"] = round((first[name]["p50"] + second[name]["p50"]) / 2, 4)
-            merged[name]["before_p50"] = first[name]["p50"]
-            merged[name]["after_p50"] = second[name]["p50"]
+            merged[name] = _merged_p50(first[name], second[name])
+    by_threads = "minimal_request_ms_by_threads"
+    if by_threads in first and by_threads in second:
+        merged[by_threads] = {
+            t: _merged_p50(first[by_threads][t], second[by_threads][t])
+            for t in first[by_threads]
+            if t in second[by_threads]
+        }
+    return merged
+
+
+def _merged_p50(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(first)
+    merged["p50"] = round((first["p50"] + second["p50"]) / 2, 4)
+    merged["before_p50"] = first["p50"]
+    merged["after_p50"] = second["p50"]
     return merged

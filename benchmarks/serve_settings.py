@@ -29,6 +29,7 @@ from typing import Any
 
 SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances")
 FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
+OVERHEAD_SETUPS = (*FULL_SETUPS, "instances")  # the minimal request's overhead is measured in
 FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
 INSTANCES = {"instances": 2}  # the models' batching.instances (default 1)
 MODELS = ("translator", "vit")

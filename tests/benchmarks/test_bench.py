@@ -168,6 +168,13 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     names = {g["name"] for g in result["goals"]}
     assert "overhead_p50_ms[translate]" in names
     assert "overhead_p50_ms[translate,two_frontends]" in names
+    # the instances' lone request is judged against one engine of their own threads
+    instances = next(
+        g for g in result["goals"] if g["name"] == "overhead_p50_ms[translate,instances]"
+    )
+    by_threads = result["offline"]["translator"]["minimal_request_ms_by_threads"]
+    assert set(by_threads) == {str(total), str(max(1, total // 2))}
+    assert instances["engine_p50_ms"] == by_threads[str(max(1, total // 2))]["p50"]
     assert "vit_vs_triton_c1[kserve]" in names
     kserve = [p for p in points if p["method"] == "kserve_infer"]
     assert [p["concurrency"] for p in kserve] == [1, 4]

@@ -74,6 +74,41 @@ def test_a_full_run_has_every_goal_id() -> None:
     assert by_name["vit_c32_vs_ort_b32[no_batching]"]["measured"] == pytest.approx(260 / 550, 1e-3)
 
 
+def test_the_instances_overhead_takes_one_engine_s_own_threads() -> None:
+    """Two one-thread instances: the minimal request's engine time is the one-thread engine's."""
+    points, offline = synthetic_run()
+    minimal = dict(next(p for p in points if p["workload"] == "minimal"), variant="instances")
+    minimal["latency_ms"] = {"p50": 2.6}
+    offline["translator"]["threads"] = 2
+    offline["translator"]["minimal_request_ms_by_threads"] = {"2": {"p50": 2.0}, "1": {"p50": 1.7}}
+    goals = {g["name"]: g for g in evaluate_goals([*points, minimal], offline)}
+    instances = goals["overhead_p50_ms[translate,instances]"]
+    assert instances["engine_p50_ms"] == 1.7 and instances["measured"] == pytest.approx(0.9)
+    assert goals["overhead_p50_ms[translate]"]["engine_p50_ms"] == 2.0
+    del offline["translator"]["minimal_request_ms_by_threads"]  # older results: the one figure
+    goals = {g["name"]: g for g in evaluate_goals([*points, minimal], offline)}
+    assert goals["overhead_p50_ms[translate,instances]"]["engine_p50_ms"] == 2.0
+
+
+def test_setups_engine_threads_and_merged_offline_figures() -> None:
+    from benchmarks.serve_offline import merge_offline, setup_engine_threads
+    from benchmarks.serve_settings import ServeSettings
+
+    assert setup_engine_threads(ServeSettings(threads=2)) == {2, 1}
+    assert setup_engine_threads(ServeSettings(threads=16)) == {16, 8}
+    assert setup_engine_threads(ServeSettings(threads=1)) == {1}
+    assert setup_engine_threads(ServeSettings(threads=4, setups=("batching",))) == {4}
+    before = {"tokens_per_s": {"1": 10.0}, "minimal_request_ms_by_threads": {"1": {"p50": 1.0}}}
+    after = {"tokens_per_s": {"1": 12.0}, "minimal_request_ms_by_threads": {"1": {"p50": 2.0}}}
+    merged = merge_offline(before, after, "tokens_per_s")
+    assert merged["tokens_per_s"] == {"1": 11.0}
+    assert merged["minimal_request_ms_by_threads"]["1"] == {
+        "p50": 1.5,
+        "before_p50": 1.0,
+        "after_p50": 2.0,
+    }
+
+
 def test_goals_not_measured_are_recorded_as_such() -> None:
     points, offline = synthetic_run()
     goals = evaluate_goals([p for p in points if p["variant"] != "batching"], offline)
