@@ -96,7 +96,6 @@ def quantize_constants(prefix: str = "") -> list[onnx.TensorProto]:
         helper.make_tensor(f"{prefix}vector_axis", TensorProto.INT64, [1], [3]),
         helper.make_tensor(f"{prefix}epsilon", TensorProto.FLOAT, [], [INT8_EPSILON]),
         helper.make_tensor(f"{prefix}inverse_127", TensorProto.FLOAT, [], [1 / 127]),
-        helper.make_tensor(f"{prefix}inverse_255", TensorProto.FLOAT, [], [1 / 255]),
     ]
 
 
@@ -106,7 +105,10 @@ def quantize_vectors(
     """Nodes quantising ``x`` [..., n] with one fp32 scale per vector, ``out_scale`` [..., 1]:
 
     - ``int8``: symmetric, ``scale = max(|x|) / 127``, ``out`` int8;
-    - ``uint8``: ``x`` >= 0 (attention weights), ``scale = max(x) / 255``, ``out`` uint8.
+    - ``uint8``: ``x`` >= 0 (attention weights), ``scale = max(x) / 127``, ``out`` uint8 in
+      0..127. Seven bits, not eight: on x86 CPUs without VNNI (AVX2) ONNX Runtime multiplies
+      uint8 by int8 with ``VPMADDUBSW``, which sums each pair of products in int16 and saturates
+      (255 * 127 * 2 > 32767); with values up to 127 a pair stays exact.
 
     The largest value is at least ``INT8_EPSILON``, so an all-zero vector stays zero.
     """
@@ -118,7 +120,7 @@ def quantize_vectors(
         node("Max", [f"{out}_max", f"{prefix}epsilon"], [f"{out}_range"]),
         node(
             "Mul",
-            [f"{out}_range", prefix + ("inverse_127" if signed else "inverse_255")],
+            [f"{out}_range", prefix + "inverse_127"],
             [scale_name(out)],
         ),
         node("Div", [x, scale_name(out)], [f"{out}_scaled"]),

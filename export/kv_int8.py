@@ -8,9 +8,12 @@ The rewrite, on the in-place decoder after int8 weight quantisation:
   transposed (``contract.graphs`` has the layout);
 - each ``TensorScatter`` quantises the new key / value (``quantize_vectors``, the formula
   ``cache_write`` uses) and writes it and its scale;
-- each ``Attention`` becomes two integer GEMMs: the query quantised per tensor times the int8
-  keys gives the scores (times the key scales), a masked softmax weights the value scales, and
-  those weights quantised per row and head times the int8 values give the output.
+- each ``Attention`` becomes two integer GEMMs: the query quantised per row and head (int8,
+  symmetric) times the int8 keys gives the scores (times both scales), a masked softmax weights
+  the value scales, and those weights quantised per row and head (uint8 in 0..127) times the
+  int8 values give the output. No operand is a full-range uint8: ONNX Runtime's uint8 x int8
+  kernel on AVX2 CPUs (no VNNI) saturates on full-range inputs, where int8 x int8 and 7-bit
+  uint8 are exact (``quantize_vectors``).
 
 Standard ONNX ops only, no custom kernels; measured on ONNX Runtime's CPU provider (README, "int8
 KV cache, measured": faster from batch 32 on, slower below, where the extra nodes cost more than
@@ -25,7 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from contract.graphs import kv_names, present_name, scale_name, width_axis
-from export.cache_graphs import quantize_constants, quantize_vectors
+from export.cache_graphs import HELPER_OPSET, quantize_constants, quantize_vectors
 from export.errors import ExportError
 
 _PREFIX = "kv8_"
@@ -88,21 +91,20 @@ def _length_mask(cache: str, lengths: str, out: str) -> list[onnx.NodeProto]:
     ]
 
 
-def _attention(query: str, key: str, value: str, mask: str, out: str) -> list[onnx.NodeProto]:
+def decode_attention(query: str, key: str, value: str, mask: str, out: str) -> list[onnx.NodeProto]:
     """Decode attention (one query position) over an int8 cache, into ``out`` [b, h, 1, d].
 
-    The query is quantised per tensor (``DynamicQuantizeLinear``, as ONNX Runtime's dynamic
-    quantisation does every linear layer's input); the attention weights, which carry the value
-    scales and so differ in range from row to row, per row and head.
+    The query is quantised per row and head, symmetric int8; the attention weights, which carry
+    the value scales and so differ in range from row to row, per row and head into 0..127.
     """
     c, node = _PREFIX, helper.make_node
-    weights_u8 = f"{out}_w_u8"
+    query_i8, weights_u8 = f"{out}_qi", f"{out}_w_u8"
     return [
         node("Mul", [query, c + "softmax_scale"], [f"{out}_q"]),
-        node("DynamicQuantizeLinear", [f"{out}_q"], [f"{out}_qi", f"{out}_qs", f"{out}_qz"]),
-        node("MatMulInteger", [f"{out}_qi", key, f"{out}_qz"], [f"{out}_scores_i"]),
+        *quantize_vectors(f"{out}_q", query_i8, c, kind="int8"),
+        node("MatMulInteger", [query_i8, key], [f"{out}_scores_i"]),
         node("Cast", [f"{out}_scores_i"], [f"{out}_scores_f"], to=TensorProto.FLOAT),
-        node("Mul", [scale_name(key), f"{out}_qs"], [f"{out}_scores_scale"]),
+        node("Mul", [scale_name(key), scale_name(query_i8)], [f"{out}_scores_scale"]),
         node("Mul", [f"{out}_scores_f", f"{out}_scores_scale"], [f"{out}_scores"]),
         node("Add", [f"{out}_scores", mask], [f"{out}_masked"]),
         node("Softmax", [f"{out}_masked"], [f"{out}_weights"], axis=-1),
@@ -113,6 +115,36 @@ def _attention(query: str, key: str, value: str, mask: str, out: str) -> list[on
         node("Cast", [f"{out}_out_i"], [f"{out}_out_f"], to=TensorProto.FLOAT),
         node("Mul", [f"{out}_out_f", scale_name(weights_u8)], [out]),
     ]
+
+
+def decode_attention_model(heads: int, head_dim: int) -> onnx.ModelProto:
+    """``decode_attention`` alone, as a model: ``query`` [b, h, 1, d] float, ``key`` int8
+    [b, h, d, w] and its scale [b, h, 1, w], ``value`` int8 [b, h, w, d] and its scale
+    [b, h, w, 1], an additive ``mask`` [b, 1, 1, w]; ``output`` [b, h, 1, d]. For tests."""
+
+    def tensor(name: str, dtype: int, shape: list) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, dtype, shape)
+
+    float_ = TensorProto.FLOAT
+    inputs = [
+        tensor("query", float_, ["b", heads, 1, head_dim]),
+        tensor("key", TensorProto.INT8, ["b", heads, head_dim, "w"]),
+        tensor(scale_name("key"), float_, ["b", heads, 1, "w"]),
+        tensor("value", TensorProto.INT8, ["b", heads, "w", head_dim]),
+        tensor(scale_name("value"), float_, ["b", heads, "w", 1]),
+        tensor("mask", float_, ["b", 1, 1, "w"]),
+    ]
+    graph = helper.make_graph(
+        decode_attention("query", "key", "value", "mask", "output"),
+        "decode_attention",
+        inputs,
+        [tensor("output", float_, ["b", heads, 1, head_dim])],
+        initializer=_constants(1 / math.sqrt(head_dim)),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", HELPER_OPSET)])
+    model.ir_version = 9
+    onnx.checker.check_model(model)
+    return model
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: object) -> object:
@@ -185,7 +217,7 @@ def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onn
             if lengths not in masks:
                 masks[lengths] = f"{_PREFIX}mask_{len(masks)}"
                 nodes += _length_mask(key, lengths, masks[lengths])
-            nodes += _attention(query, key, value, masks[lengths], node.output[0])
+            nodes += decode_attention(query, key, value, masks[lengths], node.output[0])
         else:
             nodes.append(node)
     del graph.node[:]

@@ -99,7 +99,7 @@ def test_int8_cache_logits_follow_the_float_cache(int8_repository: Path) -> None
     int8s, cache = decode_steps(int8_repository / "kv8")
     for ours, reference in zip(int8s, floats, strict=True):
         spread = reference.max() - reference.min()
-        assert np.abs(ours - reference).max() <= 0.02 * spread  # measured: 0.2-0.43%
+        assert np.abs(ours - reference).max() <= 0.02 * spread  # measured: 0.24-0.44% (AVX2)
         assert (ours.argmax(-1) == reference.argmax(-1)).mean() >= 2 / 3
     names = cache_buffer_names("past", 2, "int8")
     assert list(cache.decoder.past) == names
