@@ -1,5 +1,8 @@
 """The engine process's side of the socket: frontends' requests run on this process's models.
 
+Frontends connect to the engine's Unix socket (``framing``: multi-frame messages read and written
+by the event loop itself); a frontend whose connection closes has its requests cancelled.
+
 Every generation becomes a ``GenerationRequest`` on the model's in-flight engine, every image a
 submission to the classifier's dynamic batcher, exactly as in a single-process server. The
 events a loop turn produces for one frontend leave as one message (the decode loop already wakes
@@ -9,16 +12,16 @@ this loop once per step), so the messaging cost per step does not grow with the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from serving.engine.requests import ErrorEvent, GenerationRequest
 from serving.errors import Internal, InvalidArgument, ServingError
+from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
     decode,
@@ -31,52 +34,66 @@ from serving.served import ServedClassifier, ServedGenerator
 
 log = logging.getLogger(__name__)
 
-Key = tuple[bytes, int]  # (frontend identity, request id)
+Key = tuple[int, int]  # (frontend connection, request id)
 
 
 class EngineServer:
-    """Serves frontends' requests on ``repository`` through a ZeroMQ ROUTER at ``address``."""
+    """Serves frontends' requests on ``repository``; each frontend connects to the Unix socket
+    at ``path`` (``serve`` binds it)."""
 
-    def __init__(self, repository: ModelRepository, address: str) -> None:
+    def __init__(self, repository: ModelRepository, path: str) -> None:
         self.repository = repository
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.bind(address)
+        self.path = path
+        self._frontends: dict[int, MessageConnection] = {}
+        self._connections = itertools.count(1)
         self._generations: dict[Key, GenerationRequest] = {}
         self._tasks: dict[Key, asyncio.Task[None]] = {}
-        self._outgoing: dict[bytes, tuple[list[Any], list[np.ndarray]]] = defaultdict(
+        self._outgoing: dict[int, tuple[list[Any], list[np.ndarray]]] = defaultdict(
             lambda: ([], [])
         )
         self._flush_scheduled = False
+        self._server: asyncio.AbstractServer | None = None
+
+    async def bind(self) -> None:
+        """Listen on the socket (frontends may connect from now on)."""
+        self._server = await asyncio.get_running_loop().create_unix_server(
+            self._connection, self.path
+        )
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Take requests until ``stop`` is set."""
-        receiving = asyncio.ensure_future(self._socket.recv_multipart(copy=False))
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while True:
-                await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if stopping.done():
-                    return
-                self._dispatch(receiving.result())
-                receiving = asyncio.ensure_future(self._socket.recv_multipart(copy=False))
-        finally:
-            receiving.cancel()
-            stopping.cancel()
+        if self._server is None:
+            await self.bind()
+        await stop.wait()
 
     async def close(self) -> None:
-        """Cancel what still runs and close the socket."""
+        """Cancel what still runs and close the socket and the connections."""
         for task in list(self._tasks.values()):
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        self._socket.close(0)
-        self._context.term()
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._frontends.values()):
+            connection.close()
 
-    def _dispatch(self, frames: list[Any]) -> None:
-        frontend, body = bytes(frames[0].buffer), [frame.buffer for frame in frames[1:]]
+    def _connection(self) -> MessageConnection:
+        frontend = next(self._connections)
+        connection = MessageConnection(
+            lambda frames: self._dispatch(frontend, frames), lambda: self._lost(frontend)
+        )
+        self._frontends[frontend] = connection
+        return connection
+
+    def _lost(self, frontend: int) -> None:
+        """A frontend went away: its requests stop, freeing their rows."""
+        self._frontends.pop(frontend, None)
+        self._outgoing.pop(frontend, None)
+        for key in [k for k in (*self._generations, *self._tasks) if k[0] == frontend]:
+            self._cancel(key)
+
+    def _dispatch(self, frontend: int, frames: Frames) -> None:
         try:
-            header, arrays = decode(body)
+            header, arrays = decode(frames)
             key: Key = (frontend, int(header["id"]))
         except (ProtocolError, KeyError, TypeError, ValueError):
             log.exception("malformed message from a frontend; dropped")
@@ -149,8 +166,9 @@ class EngineServer:
         self._flush_scheduled = False
         outgoing, self._outgoing = self._outgoing, defaultdict(lambda: ([], []))
         for frontend, (items, arrays) in outgoing.items():
-            frames = [frontend, *encode({"t": "events", "items": items}, arrays)]
-            self._socket.send_multipart(frames, copy=False)
+            connection = self._frontends.get(frontend)
+            if connection is not None:
+                connection.send(encode({"t": "events", "items": items}, arrays))
 
 
 def _serving_error(err: Exception) -> ServingError:

@@ -61,6 +61,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         raise SystemExit(1) from err
     await repository.start()
     server = EngineServer(repository, address)
+    await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
     await server.serve(stop)

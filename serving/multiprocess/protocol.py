@@ -1,9 +1,10 @@
 """The messages between frontend processes and the engine process, on the wire.
 
-A message is a ZeroMQ multipart message: one msgpack header frame, then one raw frame per array
-(its bytes as they lie in memory; dtype and shape travel in the header). Nothing is pickled.
+A message is a list of frames (``framing`` carries them over the engine's Unix socket): one
+msgpack header frame, then one raw frame per array (its bytes as they lie in memory; dtype and
+shape travel in the header). Nothing is pickled.
 
-Frontend -> engine (DEALER -> ROUTER; the engine sees the frontend's identity first):
+Frontend -> engine (each frontend on a connection of its own):
 
 - ``generate``: ``{"t": "generate", "id", "model", "options": {...}, "deadline", "arrival",
   "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame;

@@ -14,11 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
-import zmq
-import zmq.asyncio
 
 from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
 from serving.errors import Unavailable
+from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
     decode,
@@ -35,38 +34,46 @@ Item = tuple[str, Any]  # (kind, payload) of one event from the engine
 
 
 class EngineClient:
-    """The frontend's socket to the engine: requests out, their events routed to each caller.
+    """The frontend's connection to the engine: requests out, their events routed to each caller.
 
     Args:
-        address: the engine's ZeroMQ address (``ipc://...``).
-        engine_pid: the engine process; when it dies every waiting caller gets UNAVAILABLE.
+        address: the engine's Unix socket path.
+        engine_pid: the engine process; when it dies (or the connection closes) every waiting
+            caller gets UNAVAILABLE.
     """
 
     def __init__(self, address: str, engine_pid: int | None = None) -> None:
         self.address = address
         self.engine_pid = engine_pid
         self.alive = True
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Queue[Item]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._connection: MessageConnection | None = None
+        self._closing = False
 
     async def start(self) -> None:
-        self._socket.connect(self.address)
-        self._tasks = [asyncio.create_task(self._receive(), name="engine-receive")]
+        """Connect to the engine process.
+
+        Raises:
+            OSError: nothing listens at ``address``.
+        """
+        self._connection = MessageConnection(self._receive, self._lost)
+        await asyncio.get_running_loop().create_unix_connection(
+            lambda: self._connection, self.address
+        )
         if self.engine_pid is not None:
             self._tasks.append(asyncio.create_task(self._watch(), name="engine-watch"))
 
     async def close(self) -> None:
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self._socket.close(0)
-        self._context.term()
+        if self._connection is not None:
+            self._connection.close()
 
     def open(self) -> tuple[int, asyncio.Queue[Item]]:
         """A new request id and the queue its events arrive in.
@@ -84,16 +91,15 @@ class EngineClient:
         self._waiting.pop(request_id, None)
 
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
-        self._socket.send_multipart(encode(header, arrays), copy=False)
+        if self._connection is not None:
+            self._connection.send(encode(header, arrays))
 
-    async def _receive(self) -> None:
-        while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            try:
-                header, arrays = decode([frame.buffer for frame in frames])
-                self._route(header, arrays)
-            except ProtocolError:
-                log.exception("malformed message from the engine process; dropped")
+    def _receive(self, frames: Frames) -> None:
+        try:
+            header, arrays = decode(frames)
+            self._route(header, arrays)
+        except ProtocolError:
+            log.exception("malformed message from the engine process; dropped")
 
     def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
         for request_id, kind, payload in header.get("items", []):
@@ -102,14 +108,24 @@ class EngineClient:
                 continue
             queue.put_nowait((kind, arrays[payload] if kind == "result" else payload))
 
+    def _lost(self) -> None:
+        if not self._closing:
+            log.error("the connection to the engine process closed; failing its requests")
+            self._engine_gone()
+
+    def _engine_gone(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        for queue in self._waiting.values():
+            queue.put_nowait(("error", ["UNAVAILABLE", ENGINE_GONE]))
+
     async def _watch(self) -> None:
         assert self.engine_pid is not None
         while _alive(self.engine_pid):
             await asyncio.sleep(ENGINE_CHECK_S)
         log.error("the engine process (pid %d) is gone; failing its requests", self.engine_pid)
-        self.alive = False
-        for queue in self._waiting.values():
-            queue.put_nowait(("error", ["UNAVAILABLE", ENGINE_GONE]))
+        self._engine_gone()
 
 
 def _alive(pid: int) -> bool:

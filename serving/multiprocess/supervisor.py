@@ -52,7 +52,7 @@ class Supervisor:
         # Set before any child imports prometheus_client: every process then writes its metric
         # values into this folder, which the supervisor's /metrics adds up.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
-        self.address = f"ipc://{self.workdir / 'engine.sock'}"
+        self.address = str(self.workdir / "engine.sock")
         self.context = multiprocessing.get_context("spawn")
         self.engine: BaseProcess | None = None
         self.frontends: list[BaseProcess] = []
