@@ -39,7 +39,7 @@ Key = tuple[int, int]  # (frontend connection, request id)
 
 class EngineServer:
     """Serves frontends' requests on ``repository``; each frontend connects to the Unix socket
-    at ``path`` (``serve`` binds it)."""
+    at ``path`` (``bind`` opens it; requests are served on the running loop until ``close``)."""
 
     def __init__(self, repository: ModelRepository, path: str) -> None:
         self.repository = repository
@@ -59,12 +59,6 @@ class EngineServer:
         self._server = await asyncio.get_running_loop().create_unix_server(
             self._connection, self.path
         )
-
-    async def serve(self, stop: asyncio.Event) -> None:
-        """Take requests until ``stop`` is set."""
-        if self._server is None:
-            await self.bind()
-        await stop.wait()
 
     async def close(self) -> None:
         """Cancel what still runs and close the socket and the connections."""
@@ -88,7 +82,7 @@ class EngineServer:
         """A frontend went away: its requests stop, freeing their rows."""
         self._frontends.pop(frontend, None)
         self._outgoing.pop(frontend, None)
-        for key in [k for k in (*self._generations, *self._tasks) if k[0] == frontend]:
+        for key in {k for k in (*self._generations, *self._tasks) if k[0] == frontend}:
             self._cancel(key)
 
     def _dispatch(self, frontend: int, frames: Frames) -> None:

@@ -64,7 +64,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
     await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
-    await server.serve(stop)
+    await stop.wait()
     await server.close()
     await repository.stop(config.grace_period_s)
 

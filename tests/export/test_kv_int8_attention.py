@@ -11,8 +11,8 @@ import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from export.cache_graphs import INT8_EPSILON
 from export.kv_int8 import decode_attention_model
+from tests.export.test_cache_graphs import quantized
 
 HEADS = 2
 _SESSIONS: dict[int, ort.InferenceSession] = {}
@@ -27,26 +27,20 @@ def attention(head_dim: int) -> ort.InferenceSession:
     return _SESSIONS[head_dim]
 
 
-def quantize(x: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-vector quantisation (last axis) into -top..top, as the graph's ``quantize_vectors``."""
-    scale = np.maximum(np.abs(x).max(axis=-1, keepdims=True), INT8_EPSILON) * np.float32(1 / top)
-    return np.round(x / scale).astype(np.int64), scale.astype(np.float32)
-
-
 def numpy_attention(feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The graph's arithmetic in numpy (int64 GEMMs, no saturation); also each row's weight
     scale (one step of the quantised weights)."""
     head_dim = feeds["query"].shape[-1]
     query = feeds["query"] * np.float32(1 / math.sqrt(head_dim))
-    query_i, query_scale = quantize(query, 127)
-    scores = (query_i @ feeds["key"].astype(np.int64)).astype(np.float32)
+    query_i, query_scale = quantized(query)
+    scores = (query_i.astype(np.int64) @ feeds["key"].astype(np.int64)).astype(np.float32)
     scores = scores * (feeds["key_scale"] * query_scale) + feeds["mask"]
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     weights = weights * np.swapaxes(feeds["value_scale"], -1, -2)
-    weights_i, weights_scale = quantize(weights, 127)  # >= 0: 0..127
-    out = (weights_i @ feeds["value"].astype(np.int64)).astype(np.float32) * weights_scale
-    return out, weights_scale
+    weights_i, weights_scale = quantized(weights)  # >= 0: 0..127
+    out = (weights_i.astype(np.int64) @ feeds["value"].astype(np.int64)).astype(np.float32)
+    return out * weights_scale, weights_scale
 
 
 def feeds_for(
