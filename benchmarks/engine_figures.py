@@ -4,6 +4,11 @@
 time amortised), achieved GFLOP/s and the fraction of the fp32 matmul peak, and the ratios to
 the best CTranslate2 thread split of the same precision and to HF ``generate`` with KV cache.
 ``summary`` condenses the rows per batch size.
+
+The rounds run every engine once each, interleaved, so round *i* of two engines saw the same
+state of the machine. Each ratio also comes per round (``ratio_to_ctranslate2_rounds``: the peer's
+time over ours in that round) and as the range over the rounds: on a VM whose speed drifts
+during a run, the median ratio alone hides how far one round's comparison can be from another's.
 """
 
 from __future__ import annotations
@@ -43,25 +48,38 @@ def _ratios(same_batch: list[dict[str, Any]]) -> None:
     """Ratios to the best CTranslate2 split of the row's precision (else fp32) and to HF
     ``generate`` with KV cache (fp16 rows: the half-precision model's, when it ran)."""
     measured = [r for r in same_batch if r["tokens_per_s"]]
-    rates = {r["engine"]: r["tokens_per_s"] for r in measured}
-    hf = rates.get(HF_REFERENCE)
+    by_engine = {r["engine"]: r for r in measured}
+    hf = by_engine.get(HF_REFERENCE)
     best_ct2 = {
         precision: max(
-            (
-                r["tokens_per_s"]
-                for r in measured
-                if r["family"] == "ctranslate2" and r["precision"] == precision
-            ),
+            (r for r in measured if r["family"] == "ctranslate2" and r["precision"] == precision),
+            key=lambda r: r["tokens_per_s"],
             default=None,
         )
         for precision in PRECISIONS
     }
     for row in same_batch:
-        rate = row["tokens_per_s"]
         ct2 = best_ct2.get(row["precision"]) or best_ct2.get("fp32")
-        row["ratio_to_ctranslate2"] = round(rate / ct2, 3) if rate and ct2 else None
-        peer = (rates.get(HF_FP16_REFERENCE) if row["precision"] == "fp16" else None) or hf
-        row["ratio_to_hf"] = round(rate / peer, 3) if rate and peer else None
+        _ratio(row, ct2, "ratio_to_ctranslate2")
+        fp16_hf = by_engine.get(HF_FP16_REFERENCE) if row["precision"] == "fp16" else None
+        _ratio(row, fp16_hf or hf, "ratio_to_hf")
+
+
+def _ratio(row: dict[str, Any], peer: dict[str, Any] | None, key: str) -> None:
+    """``row[key]``: its rate over ``peer``'s; ``key_rounds`` and ``key_range``: per round."""
+    rate = row["tokens_per_s"]
+    row[key] = round(rate / peer["tokens_per_s"], 3) if rate and peer else None
+    rounds = round_ratios(row.get("runs_s"), None if peer is None else peer.get("runs_s"))
+    row[f"{key}_rounds"] = rounds
+    row[f"{key}_range"] = [min(rounds), max(rounds)] if rounds else None
+
+
+def round_ratios(ours: list[float] | None, peer: list[float] | None) -> list[float] | None:
+    """Per interleaved round, the peer's time over ours (the same work: a rate ratio); None
+    unless both ran every round."""
+    if not ours or not peer or len(ours) != len(peer):
+        return None
+    return [round(theirs / mine, 3) for mine, theirs in zip(ours, peer, strict=True)]
 
 
 ATTNSERVE_VARIANTS = ("", "-kv8", "-cudagraph")  # summarised beside the peers, per precision

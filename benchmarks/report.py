@@ -145,7 +145,9 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "attnserve against its peers: ratio to the best CTranslate2 thread split of the same "
-        "precision, ratio to HF generate with KV cache, fraction of the fp32 matmul peak "
+        "precision (in brackets: lowest and highest over the interleaved rounds, each round "
+        "comparing runs made one after the other), ratio to HF generate with KV cache, "
+        "fraction of the fp32 matmul peak "
         "(achieved FLOP/s, encoder included; for int8 a FLOP-equivalent share, as int8 kernels "
         "are not bound by the fp32 peak):",
         "",
@@ -178,10 +180,16 @@ def _peer_cell(row: dict[str, Any] | None) -> str:
     if row is None:
         return "—"
     return (
-        f"{_fmt(row['ratio_to_ctranslate2'], 2, '×')} CT2, "
+        f"{_fmt(row['ratio_to_ctranslate2'], 2, '×')}{_range(row, 'ratio_to_ctranslate2')} CT2, "
         f"{_fmt(row['ratio_to_hf'], 2, '×')} HF, "
         f"{_fmt(_percent(row['fraction_of_peak']), 1, '%')} peak"
     )
+
+
+def _range(row: dict[str, Any], key: str) -> str:
+    """ " (low–high)": the ratio's range over the interleaved rounds, when recorded."""
+    span = row.get(f"{key}_range")
+    return f" ({span[0]:.2f}–{span[1]:.2f})" if span else ""
 
 
 def _engine_notes(result: dict[str, Any]) -> list[str]:

@@ -25,6 +25,7 @@ class ResultSchemaError(BenchError):
 NUMBER = {"type": "number"}
 OPT_NUMBER = {"type": ["number", "null"]}
 OPT_STRING = {"type": ["string", "null"]}
+OPT_NUMBERS = {"type": ["array", "null"], "items": NUMBER}
 STRING = {"type": "string"}
 INTEGER = {"type": "integer"}
 
@@ -82,6 +83,10 @@ ENGINE_ROW = {
         "fraction_of_peak": OPT_NUMBER,
         "ratio_to_ctranslate2": OPT_NUMBER,
         "ratio_to_hf": OPT_NUMBER,
+        "ratio_to_ctranslate2_rounds": OPT_NUMBERS,
+        "ratio_to_ctranslate2_range": OPT_NUMBERS,
+        "ratio_to_hf_rounds": OPT_NUMBERS,
+        "ratio_to_hf_range": OPT_NUMBERS,
         "agreement_with_hf": NUMBER,
         "error": OPT_STRING,
     },

@@ -127,6 +127,24 @@ def test_derived_rates_ratios_and_summary() -> None:
     assert entry["attnserve_int8"]["tokens_per_s"] == 200.0
 
 
+def test_ratios_per_interleaved_round() -> None:
+    """Each round's ratio pairs the two engines' runs of that round; the range spans them."""
+    config = settings(batches=(1,), new_tokens=10)
+    rows = [
+        {**_row("attnserve-fp32", "attnserve", "fp32", 1, 0.1), "runs_s": [0.1, 0.2, 0.1]},
+        {**_row("ctranslate2-fp32-1x2", "ctranslate2", "fp32", 1, 0.2), "runs_s": [0.2, 0.2, 0.3]},
+        {**_row("hf-generate-kv", "hf", "fp32", 1, 0.4), "runs_s": [0.4, 0.5]},  # a round short
+    ]
+    derive(rows, config, peak_gflops=100.0)
+    ours, ct2, _ = rows
+    assert ours["ratio_to_ctranslate2"] == 2.0  # medians: 0.2 / 0.1
+    assert ours["ratio_to_ctranslate2_rounds"] == [2.0, 1.0, 3.0]
+    assert ours["ratio_to_ctranslate2_range"] == [1.0, 3.0]
+    assert ct2["ratio_to_ctranslate2_rounds"] == [1.0, 1.0, 1.0]
+    assert ours["ratio_to_hf"] == 4.0 and ours["ratio_to_hf_rounds"] is None  # not paired
+    assert ours["ratio_to_hf_range"] is None
+
+
 def test_fp16_rows_are_compared_with_the_fp16_peers() -> None:
     config = settings(batches=(1,), new_tokens=10, device="cuda", precisions=("fp32", "fp16"))
     rows = [
