@@ -12,7 +12,9 @@ Setups (how the server batches; ``serve_setups`` writes each one's repository):
   frontend processes and one engine process on the same port);
 - ``instances``: ``batching``'s models with ``batching.instances: 2`` (the translator's two
   in-flight engines, the ViT's two concurrent batches, with half the intra-op threads each,
-  sharing one set of sessions when that is one thread; one frontend).
+  sharing one set of sessions when that is one thread; one frontend);
+- ``spinning``: ``batching``'s models with ``allow_spinning`` and ``spin_duration_us`` (the
+  decoders' and classifiers' idle threads spin for that long before they sleep).
 
 The load generator spreads each point's calls over ``connections`` TCP connections (every setup
 alike), so that the kernel has connections to hand to each frontend process.
@@ -27,9 +29,14 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances")
+SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances", "spinning")
 FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
 OVERHEAD_SETUPS = (*FULL_SETUPS, "instances")  # the minimal request's overhead is measured in
+MINIMAL_SETUPS = (*OVERHEAD_SETUPS, "spinning")  # the minimal request is timed in
+SPIN_DURATION_US = 50  # the spinning setup's spin_duration_us
+# Per setup, the onnxruntime fields each model's config.yaml gets (beside the benchmark's threads
+# and execution providers).
+ONNXRUNTIME_EDITS = {"spinning": {"allow_spinning": True, "spin_duration_us": SPIN_DURATION_US}}
 FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
 INSTANCES = {"instances": 2}  # the models' batching.instances (default 1)
 MODELS = ("translator", "vit")

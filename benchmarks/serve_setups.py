@@ -17,7 +17,7 @@ from typing import Any
 
 from benchmarks.attnserve_runner import execution_providers
 from benchmarks.output import log
-from benchmarks.serve_settings import FRONTEND_WORKERS, INSTANCES, MODELS
+from benchmarks.serve_settings import FRONTEND_WORKERS, INSTANCES, MODELS, ONNXRUNTIME_EDITS
 from benchmarks.server_process import ServeProcess
 
 # Per setup, the batching fields each model's config.yaml gets (a model missing from a setup is
@@ -36,6 +36,7 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
         "translator": {"instances": INSTANCES["instances"]},
         "vit": {"instances": INSTANCES["instances"]},
     },
+    "spinning": {"translator": {}, "vit": {}},  # batching's, with ONNXRUNTIME_EDITS["spinning"]
 }
 
 
@@ -83,7 +84,10 @@ def setup_repository(
         if edits is None:
             continue
         engine_threads = max(1, threads // edits.get("instances", 1))
-        config = _write_entry(source / model, target / model, edits, engine_threads, device)
+        runtime = ONNXRUNTIME_EDITS.get(setup, {})
+        config = _write_entry(
+            source / model, target / model, edits, engine_threads, device, runtime
+        )
         variants.append(
             {
                 "name": setup,
@@ -92,6 +96,7 @@ def setup_repository(
                 "onnxruntime": {
                     "intra_op_threads": engine_threads,
                     "execution_providers": list(execution_providers(device)),
+                    **runtime,
                 },
                 "edits": edits,
                 "frontend_workers": FRONTEND_WORKERS.get(setup, 1),
@@ -101,14 +106,21 @@ def setup_repository(
 
 
 def _write_entry(
-    entry: Path, target: Path, edits: dict[str, Any], threads: int, device: str
+    entry: Path,
+    target: Path,
+    edits: dict[str, Any],
+    threads: int,
+    device: str,
+    runtime: dict[str, Any],
 ) -> Any:
-    """``target``: ``entry``'s config with ``edits`` to its batching, its versions symlinked."""
+    """``target``: ``entry``'s config with ``edits`` to its batching and ``runtime`` to its
+    onnxruntime section, its versions symlinked."""
     from contract.repository import read_model_config, version_dirs, write_model_config
 
     config: Any = read_model_config(entry)  # a classifier's or a generator's config
     config = replace(config, batching=replace(config.batching, **edits))
     config = with_server_onnxruntime(config, threads, device)
+    config = replace(config, onnxruntime=replace(config.onnxruntime, **runtime))
     target.mkdir()
     write_model_config(config, target)
     for version in version_dirs(entry):

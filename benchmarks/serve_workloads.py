@@ -19,7 +19,7 @@ import numpy as np
 from benchmarks.loadgen import Client, Workload, measure
 from benchmarks.machine import wait_for_quiet
 from benchmarks.output import log
-from benchmarks.serve_settings import FULL_SETUPS, OVERHEAD_SETUPS, ServeSettings
+from benchmarks.serve_settings import FULL_SETUPS, MINIMAL_SETUPS, ServeSettings
 from benchmarks.serve_setups import BATCHING_EDITS
 from benchmarks.server_process import ServeProcess
 
@@ -73,7 +73,7 @@ class SetupDriver:
     points: list[dict[str, Any]] = field(default_factory=list)
 
     async def run(self) -> list[dict[str, Any]]:
-        if self.setup in OVERHEAD_SETUPS and "translator" in self.settings.models:
+        if self.setup in MINIMAL_SETUPS and "translator" in self.settings.models:
             await self.overhead_point()
         peaks = await self.closed_loop()
         await self.open_loop(peaks)

@@ -195,6 +195,10 @@ class OnnxRuntimeOptions:
     # Idle intra-op threads busy-wait for the next parallel section. Off by default in a server:
     # the spinning threads take the cores the gRPC event loop needs between decode steps.
     allow_spinning: bool = False
+    # With allow_spinning: how long an idle thread spins before it sleeps, in microseconds (ONNX
+    # Runtime's session.intra_op.spin_duration_us); 0 = ONNX Runtime's own spin, which lasts
+    # long enough to take a core from the event loop between decode steps.
+    spin_duration_us: int = 0
     # ONNX Runtime's CPU memory arena grows to the largest batch it has seen and never shrinks
     # (a 10-minute soak grew 5.9 % in steps with it, 0.5 % without); off, buffers go back to the
     # allocator after each call.
@@ -207,6 +211,9 @@ class OnnxRuntimeOptions:
     # Runtime's enable_cuda_graph), one graph per batch bucket (1, 2, 4, ... rows) and cache
     # widths. Does nothing elsewhere (the CPU, the growing cache, TensorRT, classifiers).
     cuda_graph: bool = False
+
+    def __post_init__(self) -> None:
+        _not_negative(self, "intra_op_threads", "spin_duration_us")
 
 
 # --- one repository entry, by kind ------------------------------------------------------------

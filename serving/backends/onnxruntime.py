@@ -40,6 +40,10 @@ def session_options(options: OnnxRuntimeOptions, spin: bool = True) -> ort.Sessi
     spinning = "1" if options.allow_spinning and spin else "0"
     so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
     so.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+    if spinning == "1" and options.spin_duration_us > 0:
+        so.add_session_config_entry(
+            "session.intra_op.spin_duration_us", str(options.spin_duration_us)
+        )
     so.enable_cpu_mem_arena = options.cpu_memory_arena
     return so
 

@@ -304,3 +304,27 @@ def test_the_best_workers_count_engine_instances_too() -> None:
     # The frontend-only judgement ignores the instances setup.
     frontends = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
     assert (frontends["measured"], frontends["variant"]) == (0.55, "two_frontends")
+
+
+def test_the_spinning_setup_bounds_the_spin_of_batching_s_models(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """The spinning setup's entries: batching's configuration, with bounded spinning; the
+    variant records say so."""
+    from benchmarks.serve_settings import SPIN_DURATION_US
+    from benchmarks.serve_setups import setup_repository
+    from contract.repository import read_model_config
+
+    models = ("translator", "vit")
+    spinning, variants = setup_repository(tiny_repository, "spinning", models, 2, "cpu", tmp_path)
+    plain, _ = setup_repository(tiny_repository, "batching", models, 2, "cpu", tmp_path)
+    for model in models:
+        options = read_model_config(spinning / model).onnxruntime
+        assert (options.allow_spinning, options.spin_duration_us) == (True, SPIN_DURATION_US)
+        assert options.intra_op_threads == 2
+        assert read_model_config(plain / model).onnxruntime.allow_spinning is False
+        assert (
+            read_model_config(spinning / model).batching
+            == read_model_config(plain / model).batching
+        )
+    assert {v["onnxruntime"]["spin_duration_us"] for v in variants} == {SPIN_DURATION_US}

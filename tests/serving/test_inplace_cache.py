@@ -282,6 +282,36 @@ def test_only_the_step_graphs_spin(tiny_repository: Path) -> None:
     } == {"0"}
 
 
+def test_spin_duration_bounds_the_spinning_sessions_only(tiny_repository: Path) -> None:
+    """spin_duration_us reaches the sessions that spin, and only with allow_spinning; ONNX
+    Runtime's own duration otherwise (no entry)."""
+    config = read_model_config(tiny_repository / "translator")
+    files = {"encoder": "encoder.onnx", **INPLACE_GRAPH_FILES}
+    key = "session.intra_op.spin_duration_us"
+
+    def durations(**changes: object) -> dict[str, str | None]:
+        options = dataclasses.replace(config.onnxruntime, intra_op_threads=2, **changes)
+        backend = OnnxRuntimeBackend(
+            resolve_version(tiny_repository / "translator"), files, options
+        )
+        found: dict[str, str | None] = {}
+        for graph in files:
+            try:
+                found[graph] = (
+                    backend.session(graph).get_session_options().get_session_config_entry(key)
+                )
+            except RuntimeError:  # ONNX Runtime: no such entry
+                found[graph] = None
+        return found
+
+    bounded = durations(allow_spinning=True, spin_duration_us=50)
+    assert bounded["decoder_inplace"] == "50" and bounded["encoder"] is None
+    assert set(durations(allow_spinning=True).values()) == {None}
+    assert set(durations(allow_spinning=False, spin_duration_us=50).values()) == {None}
+    with pytest.raises(ValueError, match="spin_duration_us must be >= 0"):
+        dataclasses.replace(config.onnxruntime, spin_duration_us=-1)
+
+
 @pytest.mark.parametrize("entry", ["tiny:translator", "int8:kv8"])
 @pytest.mark.parametrize(("start", "end", "rows"), [(8, 16, 3), (16, 8, 5), (20, 8, 8), (8, 20, 1)])
 def test_host_relayout_equals_the_cache_resize_graph(
