@@ -213,6 +213,7 @@ PERF_RUN = {
         "error": OPT_STRING,
         "throughput_rps": NUMBER,
         "latency_ms": LATENCY,
+        "loadgen_rps_around": {"type": "array", "items": NUMBER},
     },
 }
 

@@ -13,7 +13,9 @@ requests/s at the same concurrency. Goal ids:
   run on the model;
 - ``perf_analyzer_vs_loadgen[MODEL,SERVER,cN]``: perf_analyzer's requests/s within 15% of the
   load generator's at concurrency N (the ViT: the same KServe request; the translator: the load
-  generator's attnserve-API TranslateStream points, perf_analyzer's KServe ModelStreamInfer).
+  generator's attnserve-API TranslateStream, perf_analyzer's KServe ModelStreamInfer). The load
+  generator's figure is the mean of its points right before and after the perf_analyzer run
+  (``loadgen_rps_around``); results without them take its setup's point at that concurrency.
 """
 
 from __future__ import annotations
@@ -140,6 +142,9 @@ def perf_analyzer_goals(points: list[dict[str, Any]], perf: dict[str, Any]) -> l
 def _agreement_goal(points: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
     """perf_analyzer's requests/s against the load generator's at the same concurrency."""
     model, server, concurrency = run["model"], run["server"], run["concurrency"]
+    around = run.get("loadgen_rps_around")
+    if around:  # the load generator right before and after the run (older results: none)
+        return _agreement_record(run, sum(around) / len(around), "before and after the run")
     if model == "vit":
         variant = "batching" if server == "attnserve" else server
         ours = find_point(points, method="kserve_infer", variant=variant, concurrency=concurrency)
@@ -153,8 +158,15 @@ def _agreement_goal(points: list[dict[str, Any]], run: dict[str, Any]) -> dict[s
             workload="fixed",
             concurrency=concurrency,
         )
-    loadgen = ours["throughput_rps"] if ours else None
+    return _agreement_record(run, ours["throughput_rps"] if ours else None, None)
+
+
+def _agreement_record(
+    run: dict[str, Any], loadgen: float | None, when: str | None
+) -> dict[str, Any]:
+    model, server, concurrency = run["model"], run["server"], run["concurrency"]
     ratio = run["throughput_rps"] / loadgen if loadgen else None
+    details = {"loadgen_measured": when} if when else {}
     return goal_record(
         f"perf_analyzer_vs_loadgen[{model},{server},c{concurrency}]",
         f"perf_analyzer's requests/s on {server}'s {model} at concurrency {concurrency} within "
@@ -166,4 +178,5 @@ def _agreement_goal(points: list[dict[str, Any]], run: dict[str, Any]) -> dict[s
         ratio=round(ratio, 4) if ratio is not None else None,
         perf_analyzer_rps=run["throughput_rps"],
         loadgen_rps=loadgen,
+        **details,
     )

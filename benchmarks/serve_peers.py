@@ -8,7 +8,9 @@ perf_analyzer measure the ViT with no flags and the translator with ``--streamin
 target language from input data and the benchmark's fixed length as request parameters. After
 the setups, ``SameRun.triton`` starts the Triton peer (``benchmarks.triton_peer``) on the same
 ViT ONNX model with attnserve's batching settings and measures it with the same load and the
-same perf_analyzer runs. A peer that cannot run is recorded as skipped, with the reason.
+same perf_analyzer runs. A peer that cannot run is recorded as skipped, with the reason. Each
+perf_analyzer run sits between two points of the load generator at its concurrency (the ViT over
+KServe, the translator's stream), which its throughput is compared with.
 """
 
 from __future__ import annotations
@@ -198,11 +200,49 @@ class SameRun:
                 input_data=self._text_data(),
                 parameters={"max_new_tokens": (tokens, "int"), "min_new_tokens": (tokens, "int")},
             )
+        workload = self._loadgen_workload(model)
         for concurrency in self.settings.peer_concurrency:
+            before = self._loadgen_rps(address, workload, concurrency)
             record = self.perf.run(address, model, concurrency, **options)
+            after = self._loadgen_rps(address, workload, concurrency)
+            record["loadgen_rps_around"] = [before, after]
             self.perf_section["runs"].append({"server": server, **record})
             figure = record.get("throughput_rps")
             log(f"perf_analyzer {server} {model} c={concurrency}: {figure} req/s, {record}")
+
+    def _loadgen_workload(self, model: str) -> Workload:
+        """The load generator's requests that perf_analyzer's runs on ``model`` are compared
+        with: the ViT over KServe, the translator's stream of the benchmark's fixed length."""
+        if model == "vit":
+            image = rgb_image(self.png, self.repository / "vit")
+            return Workload(METHOD, "vit", tensors=(("image", "UINT8", image),))
+        return Workload(
+            "translate_stream",
+            model,
+            text=self.settings.text,
+            language=self.language,
+            new_tokens=self.settings.new_tokens,
+        )
+
+    def _loadgen_rps(self, address: str, workload: Workload, concurrency: int) -> float:
+        """The load generator's requests/s at ``concurrency``, one point right before or after a
+        perf_analyzer run: a machine whose speed drifts during a run moves both alike."""
+
+        async def point() -> float:
+            client = Client(address, workload)
+            try:
+                await client.wait_ready()
+                result = await measure(
+                    client,
+                    concurrency=concurrency,
+                    duration=self.settings.duration_s,
+                    warmup=self.settings.warmup_s,
+                )
+            finally:
+                await client.close()
+            return result["throughput_rps"]
+
+        return round(asyncio.run(point()), 3)
 
     def _text_data(self) -> Path:
         """perf_analyzer's input data for the translator: the benchmark's text and language."""

@@ -187,6 +187,10 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
         assert set(runs) == {("vit", 1), ("vit", 4), ("translator", 1), ("translator", 4)}
         assert all(r["errors"] == 0 and r["throughput_rps"] > 0 for r in runs.values())
         assert runs[("vit", 1)]["flags"] == [] and "--streaming" in runs[("translator", 1)]["flags"]
+        around = [r["loadgen_rps_around"] for r in runs.values()]  # the load generator's points
+        assert all(len(pair) == 2 and min(pair) > 0 for pair in around)
+        agree = [g for g in result["goals"] if g["name"].startswith("perf_analyzer_vs_loadgen")]
+        assert agree and all(g["loadgen_measured"] == "before and after the run" for g in agree)
     else:
         assert perf["status"] == "skipped" and perf["reason"]
     assert set(result["offline"]) == {"translator", "vit"}

@@ -236,6 +236,19 @@ def test_peer_goals_compare_with_the_same_run() -> None:
     assert "perf_analyzer_vs_loadgen[vit,attnserve,c32]" not in by_name  # the run failed
 
 
+def test_perf_analyzer_compares_with_the_load_generator_around_its_run() -> None:
+    """A run recorded between two load generator points is judged against their mean, not the
+    setup's point measured earlier in the run."""
+    points, offline = synthetic_run()
+    sections = peer_sections()
+    translator = sections["perf_analyzer"]["runs"][3]
+    translator["loadgen_rps_around"] = [100.0, 120.0]  # the machine slowed down since the setup
+    goals = {g["name"]: g for g in evaluate_goals(points + peer_points(), offline, sections)}
+    agree = goals["perf_analyzer_vs_loadgen[translator,attnserve,c32]"]
+    assert agree["loadgen_rps"] == 110.0 and agree["ratio"] == pytest.approx(125 / 110, 1e-3)
+    assert agree["passed"] is True and agree["loadgen_measured"] == "before and after the run"
+
+
 def test_peer_goals_that_could_not_run_say_why() -> None:
     points, offline = synthetic_run()
     goals = evaluate_goals(points, offline, peer_sections(triton="skipped", perf="skipped"))
