@@ -12,9 +12,11 @@ import numpy as np
 from serving.kserve.execute import TEXT_OUTPUT, build_response, generation_jobs, infer, parameter
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import Call
-from serving.kserve.tensors import BYTES
+from serving.kserve.tensors import BYTES, encode_bytes
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import ServedGenerator, StreamDelta
+
+_Tensor = pb.ModelInferResponse.InferOutputTensor
 
 
 def _final(final: bool) -> dict[str, bool | int | str]:
@@ -37,13 +39,10 @@ async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
         return
     (job,) = generation_jobs(call, model)
     text_output = TEXT_OUTPUT[model.config.task]
+    deltas = DeltaResponses(call, text_output)
     async for item in model.stream(job):
         if isinstance(item, StreamDelta):
-            outputs = {
-                text_output: (BYTES, [item.delta.encode()]),
-                "token_ids": ("INT32", np.asarray([item.token_ids], dtype=np.int32)),
-            }
-            yield build_response(call, outputs, {"index": item.index, **_final(False)})
+            yield deltas.response(item)
         else:
             outputs = {
                 text_output: (BYTES, [b""]),
@@ -59,3 +58,45 @@ async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
                     "output_tokens": len(item.token_ids),
                 },
             )
+
+
+class DeltaResponses:
+    """The responses of one call's streamed pieces of text.
+
+    The event loop builds one per token and stream, and the generic ``build_response`` (array
+    conversions, a parameter message copied per key) took 23% of its time under 32 KServe
+    streams; these are built directly from the call's fixed fields. Same messages as
+    ``build_response``; a request for Triton's ``classification`` of an output takes that path.
+    """
+
+    def __init__(self, call: Call, text_output: str) -> None:
+        self.call, self.text_output = call, text_output
+        self.direct = not any(wanted.classification for wanted in call.wanted)
+        model = call.model
+        self.fields = {
+            "model_name": model.name,
+            "model_version": str(model.version),
+            "id": call.request.id,
+        }
+
+    def response(self, item: StreamDelta) -> pb.ModelInferResponse:
+        """The response carrying ``item``: its text and its token ids, ``final`` false."""
+        text, ids = item.delta.encode(), np.asarray(item.token_ids, dtype=np.int32)
+        if not self.direct:
+            outputs = {self.text_output: (BYTES, [text]), "token_ids": ("INT32", ids[None])}
+            return build_response(self.call, outputs, {"index": item.index, **_final(False)})
+        tensors = {
+            self.text_output: (_Tensor(name=self.text_output, datatype=BYTES, shape=[1]), text),
+            "token_ids": (_Tensor(name="token_ids", datatype="INT32", shape=[1, len(ids)]), ids),
+        }
+        response = pb.ModelInferResponse(**self.fields)
+        for wanted in self.call.wanted:
+            header, value = tensors[wanted.name]
+            response.outputs.append(header)
+            raw = encode_bytes([value]) if header.datatype == BYTES else value.tobytes()
+            response.raw_output_contents.append(raw)
+        parameters = response.parameters
+        parameters["index"].int64_param = item.index
+        parameters["final"].bool_param = False
+        parameters["triton_final_response"].bool_param = False
+        return response
