@@ -50,6 +50,8 @@ class SubwordTokenizer:
         """
         _check_special_ids(tokenizer)
         self._tokenizer = tokenizer
+        # Fixed once wrapped; decode checks ids against it for every streamed token.
+        self._vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self._special_ids = frozenset(
             token_id
             for token_id, added in tokenizer.get_added_tokens_decoder().items()
@@ -259,7 +261,7 @@ class SubwordTokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+        return self._vocab_size
 
     @property
     def pad_id(self) -> int:
@@ -287,7 +289,9 @@ class SubwordTokenizer:
         return self._special_ids
 
     def _check_ids(self, ids: list[int]) -> None:
-        size = self.vocab_size
+        size = self._vocab_size
+        if not ids or (min(ids) >= 0 and max(ids) < size):
+            return
         bad = [i for i in ids if not 0 <= i < size]
         if bad:
             raise TokenizerError(
