@@ -21,7 +21,8 @@ whatever the servicer does). Asserted:
   process (it owns the queues), one IPC round trip to a process whose cores are busy decoding:
   ``IPC_HOP_S`` more is allowed there (a 2-core CI run measured 12 ms over the floor at p99);
 - paced overload (then one call every 2 ms, 500/s, several times what the model serves, so no
-  call waits behind a burst): rejections arrive within 10 ms at the median, p99 within
+  call waits behind a burst): rejections arrive within 10 ms at the median (with separate
+  frontend processes ``IPC_HOP_S`` more, as above: a 2-core CI run measured 11.2 ms), p99 within
   ``PACED_P99_S`` (slack for a busy machine; the figures are reported);
 - admitted requests all complete, their p99 under ``ADMITTED_P99_S`` (a liveness bound), and
   each burst admits at least a full queue;
@@ -188,7 +189,7 @@ def overload(
     bound = REJECT_BOUND_S + (IPC_HOP_S if frontends > 1 else 0.0)
     assert percentile(reject_s, 99) <= percentile(control_s, 99) + bound, figures
     assert percentile(reject_s, 50) <= percentile(control_s, 50) + bound, figures
-    assert percentile(paced_rejected, 50) <= REJECT_BOUND_S, figures
+    assert percentile(paced_rejected, 50) <= bound, figures
     assert percentile(paced_rejected, 99) <= PACED_P99_S, figures
     assert percentile(admitted_s, 99) <= ADMITTED_P99_S, figures
     return figures
