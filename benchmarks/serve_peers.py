@@ -139,9 +139,7 @@ class SameRun:
         pids: Callable[[], list[int]],
     ) -> list[dict[str, Any]]:
         """Closed-loop KServe ViT points at each peer concurrency."""
-        image = rgb_image(self.png, self.repository / "vit")
-        workload = Workload(METHOD, "vit", tensors=(("image", "UINT8", image),))
-        client = Client(address, workload)
+        client = Client(address, self._loadgen_workload("vit"))
         points = []
         try:
             await client.wait_ready()

@@ -293,11 +293,10 @@ class SubwordTokenizer:
         if not ids or (min(ids) >= 0 and max(ids) < size):
             return
         bad = [i for i in ids if not 0 <= i < size]
-        if bad:
-            raise TokenizerError(
-                f"ids {bad[:5]} are outside the vocabulary (size {size}); was the model trained "
-                "with a different tokenizer?"
-            )
+        raise TokenizerError(
+            f"ids {bad[:5]} are outside the vocabulary (size {size}); was the model trained "
+            "with a different tokenizer?"
+        )
 
 
 def _empty_tokenizer() -> Tokenizer:

@@ -64,7 +64,11 @@ def test_direct_responses_equal_build_response(
         assert decoded["translation"].tolist() == [item.delta.encode()]
 
 
-def test_a_classification_request_takes_build_response() -> None:
-    call = call_for(["translation"], "c", 1)
-    call = Call(call.model, call.request, {}, (Wanted("translation", 1),), 1, None)
-    assert not DeltaResponses(call, "translation").direct
+def test_a_classification_of_the_token_ids_is_answered_as_triton_does() -> None:
+    """Triton's ``classification`` of the numeric output (the path through build_response): the
+    top-k token ids as "value:index" strings."""
+    call = call_for(["token_ids"], "c", 1)
+    call = Call(call.model, call.request, {}, (Wanted("token_ids", 2),), 1, None)
+    response = DeltaResponses(call, "translation").response(StreamDelta("ab", [5, 9, 7], 3))
+    assert decode_outputs(response)["token_ids"].tolist() == [[b"9.000000:1", b"7.000000:2"]]
+    assert response.parameters["index"].int64_param == 3
