@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from benchmarks.serve_settings import SETUPS  # light: the setups' names for --help
+
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -103,8 +105,7 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--setups",
         type=_words,
-        help="server setups: batching,no_inflight,no_batching,two_frontends,instances "
-        "(default all)",
+        help=f"server setups: {','.join(SETUPS)} (default all)",
     )
     serve.add_argument(
         "--connections",
