@@ -21,9 +21,11 @@ whatever the servicer does). Asserted:
   process (it owns the queues), one IPC round trip to a process whose cores are busy decoding:
   ``IPC_HOP_S`` more is allowed there (a 2-core CI run measured 12 ms over the floor at p99);
 - paced overload (then one call every 2 ms, 500/s, several times what the model serves, so no
-  call waits behind a burst): rejections arrive within 10 ms at the median (with separate
-  frontend processes ``IPC_HOP_S`` more, as above: a 2-core CI run measured 11.2 ms), p99 within
-  ``PACED_P99_S`` (slack for a busy machine; the figures are reported);
+  call waits behind a burst; controls mixed in as in the bursts): rejections arrive within the
+  same bound of the paced controls at the median, p99 within ``PACED_P99_S`` of theirs (slack
+  for a busy machine; the figures are reported). Absolute bounds (10 ms, 35 ms with two
+  frontends) failed on a 2-core VM in a slow spell, with medians of 11.2 and 36.4 ms: the
+  controls measure the floor under the same load;
 - admitted requests all complete, their p99 under ``ADMITTED_P99_S`` (a liveness bound), and
   each burst admits at least a full queue;
 - a request that could never fit (beam wider than the KV-cache capacity) is refused at once.
@@ -56,7 +58,7 @@ ADMITTED_P99_S = 30.0  # liveness: admitted requests finish (generous: CI machin
 BURSTS = 4
 PACED_CALLS = 150  # then one call every PACED_GAP_S: several times what the model serves
 PACED_GAP_S = 0.002
-PACED_P99_S = 0.050  # 10 ms is the target; slack for one scheduling hiccup on a busy machine
+PACED_P99_S = 0.050  # over the paced controls' p99: slack for a scheduling hiccup
 CONTROL_EVERY = 8  # every 8th call of a burst is an invalid request (the transport's floor)
 TRANSLATOR = {"max_active_sequences": 2, "max_queue_size": 2, "max_batch_size": 2}
 # The tiny ViT classifies faster than requests come in: batches wait up to 100 ms for batch-mates
@@ -140,7 +142,9 @@ def overload(
     outcomes: list[Outcome] = []
     for _ in range(BURSTS):
         outcomes += asyncio.run(fire(server.address, burst_calls(n, work, control)))
-    paced = asyncio.run(fire(server.address, [("paced", work)] * PACED_CALLS, PACED_GAP_S))
+    paced_mix = [("paced" if kind == "work" else "paced-control", call)
+                 for kind, call in burst_calls(PACED_CALLS, work, control)]  # fmt: skip
+    paced = asyncio.run(fire(server.address, paced_mix, PACED_GAP_S))
     outcomes += paced
     works = [o for o in outcomes if o[0] == "work"]
     controls = [o for o in outcomes if o[0] == "control"]
@@ -152,12 +156,16 @@ def overload(
     assert len(admitted) + len(rejected) == len(works) == BURSTS * n  # none lost
     assert rejected, f"no request was rejected: {codes}"
     assert all("max_queue_size" in details for *_, details in rejected), rejected[:3]
-    paced_codes = Counter(code for _, code, _, _ in paced)
-    paced_rejected = [o[2] for o in paced if o[1] == "RESOURCE_EXHAUSTED"]
+    paced_work = [o for o in paced if o[0] == "paced"]
+    paced_controls = [o for o in paced if o[0] == "paced-control"]
+    paced_codes = Counter(code for _, code, _, _ in paced_work)
+    paced_rejected = [o[2] for o in paced_work if o[1] == "RESOURCE_EXHAUSTED"]
     assert set(paced_codes) <= {"OK", "RESOURCE_EXHAUSTED"}, paced_codes
     assert sum(paced_codes.values()) == PACED_CALLS and paced_rejected, paced_codes
+    assert {code for _, code, _, _ in paced_controls} == {"INVALID_ARGUMENT"}
     after = scrape(url)
-    server_codes = codes + paced_codes + Counter({"INVALID_ARGUMENT": len(controls)})
+    invalid = Counter({"INVALID_ARGUMENT": len(controls) + len(paced_controls)})
+    server_codes = codes + paced_codes + invalid
     for code, count in server_codes.items():
         labels = {"model": model, "method": method, "code": code}
         seen = sample(after, "attnserve_requests_total", **labels) - sample(
@@ -166,6 +174,7 @@ def overload(
         assert seen == count, (code, seen, count)  # the server saw exactly these outcomes
     reject_s = [o[2] for o in rejected]
     control_s = [o[2] for o in controls]
+    paced_control_s = [o[2] for o in paced_controls]
     admitted_s = [o[2] for o in admitted]
     figures = {
         "capacity_plus_queue": capacity,
@@ -182,6 +191,7 @@ def overload(
             "ok": paced_codes["OK"],
             "rejected": len(paced_rejected),
             "reject_ms": _ms(paced_rejected),
+            "control_ms": _ms(paced_control_s),
         },
     }
     SUMMARY[model] = figures
@@ -189,8 +199,8 @@ def overload(
     bound = REJECT_BOUND_S + (IPC_HOP_S if frontends > 1 else 0.0)
     assert percentile(reject_s, 99) <= percentile(control_s, 99) + bound, figures
     assert percentile(reject_s, 50) <= percentile(control_s, 50) + bound, figures
-    assert percentile(paced_rejected, 50) <= bound, figures
-    assert percentile(paced_rejected, 99) <= PACED_P99_S, figures
+    assert percentile(paced_rejected, 50) <= percentile(paced_control_s, 50) + bound, figures
+    assert percentile(paced_rejected, 99) <= percentile(paced_control_s, 99) + PACED_P99_S, figures
     assert percentile(admitted_s, 99) <= ADMITTED_P99_S, figures
     return figures
 
