@@ -104,7 +104,18 @@ async def served_call(
     """
     started = time.perf_counter()
     code = "OK"
+    ended = False
     servicer.state.active += 1
+
+    def end() -> None:
+        """Count the call once, before its status leaves: a client that has its answer finds
+        it in /metrics (``context.abort`` sends the status before it returns)."""
+        nonlocal ended
+        if not ended:
+            ended = True
+            servicer.state.active -= 1
+            servicer.record(servicer.model_label(model), method, code, started)
+
     try:
         if refuse_when_draining:
             servicer.state.check_serving()
@@ -117,12 +128,12 @@ async def served_call(
         if not isinstance(err, ServingError):
             log.exception("internal error in %s", method)
         if report is None:
+            end()
             await context.abort(status_code(err), error_message(err))
         else:
             report(code, error_message(err))
     finally:
-        servicer.state.active -= 1
-        servicer.record(servicer.model_label(model), method, code, started)
+        end()
 
 
 def unary(

@@ -4,7 +4,6 @@ each returns its status, what came back and the error's details instead of raisi
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import grpc
@@ -52,14 +51,3 @@ def internal_count(metrics_url: str, model_name: str) -> float:
     return sample(
         scrape(metrics_url), "attnserve_requests_total", model=model_name, code="INTERNAL"
     )
-
-
-def internal_count_after(metrics_url: str, model_name: str, expected: float) -> float:
-    """``internal_count`` once it reaches ``expected``, or after 5 s: in a multi-process server
-    the frontend may count a call just after its client has the answer."""
-    deadline = time.monotonic() + 5.0
-    while (count := internal_count(metrics_url, model_name)) < expected:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return count
