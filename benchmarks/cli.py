@@ -92,7 +92,11 @@ def _serve_parser(commands: Any) -> None:
         help="exported repository with the translator and vit entries (default: the shipped "
         "models, exported into the cache on first use)",
     )
-    serve.add_argument("--concurrency", type=_ints, help="closed-loop clients (1,2,4,...,64)")
+    serve.add_argument(
+        "--concurrency",
+        type=_ints,
+        help="closed-loop clients (default 1,2,4,...,64; with --device cuda also 128 and 256)",
+    )
     serve.add_argument(
         "--rates",
         type=_floats,
@@ -111,6 +115,12 @@ def _serve_parser(commands: Any) -> None:
         "--connections",
         type=int,
         help="TCP connections the load generator spreads each point's calls over (default 4)",
+    )
+    serve.add_argument(
+        "--client-processes",
+        type=int,
+        help="processes the load generator's clients run in, each with --connections "
+        "connections (default: 1 below 8 CPUs, else a quarter of the CPUs, at most 8)",
     )
     serve.add_argument(
         "--peer-concurrency",
@@ -234,6 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
         models="models",
         setups="setups",
         connections="connections",
+        client_processes="client_processes",
         threads="threads",
         device="device",
         peer_concurrency="peer_concurrency",

@@ -29,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -39,6 +39,9 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+
+if TYPE_CHECKING:
+    from benchmarks.loadgen_processes import ClientProcesses
 
 METHODS = ("translate", "translate_stream", "classify", "kserve_infer")
 CHANNEL_OPTIONS = [
@@ -113,6 +116,7 @@ class Client:
     def __init__(self, address: str, workload: Workload, connections: int = 1) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
+        self.address = address
         self.workload = workload
         options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
         self.channels = [
@@ -345,25 +349,42 @@ async def measure(
     server_pid: int | None = None,
     seed: int = 0,
     server_cpu: Callable[[], float | None] | None = None,
+    processes: ClientProcesses | None = None,
 ) -> dict[str, Any]:
     """One load point (closed loop when ``concurrency`` is given, else open loop at ``rate``).
 
     A closed-loop warm-up of ``warmup`` seconds at the same concurrency runs first (its records
     are dropped). The result adds the client's and server's CPU seconds over the measured phase
     (the server's: of ``server_pid``, or what ``server_cpu`` returns for a server of several
-    processes).
+    processes). With ``processes`` the clients run there, ``client``'s address, workload and
+    connections each (``client_processes`` in the result; ``client_cpu_s`` sums them).
     """
     if server_cpu is None and server_pid:
         server_cpu = functools.partial(process_cpu_seconds, server_pid)
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency (closed loop) or rate (open loop)")
-    if warmup > 0:
+    if warmup > 0 and processes is None:
         await closed_loop(client, concurrency or max(1, math.ceil(rate or 1)), warmup)
     client_cpu = process_cpu_seconds()
     server_before = server_cpu() if server_cpu else None
     busy = machine_busy_seconds()
     wall = time.perf_counter()
-    if concurrency is not None:
+    children_cpu = 0.0
+    used_processes = 1
+    if processes is not None:
+        spread = await processes.run(
+            client.address,
+            client.workload,
+            len(client.channels),
+            concurrency=concurrency,
+            rate=rate,
+            duration=duration,
+            warmup=warmup,
+            seed=seed,
+        )
+        records, begin = spread.records, spread.begin
+        children_cpu, used_processes = spread.cpu_seconds, len(spread.pids)
+    elif concurrency is not None:
         records, begin = await closed_loop(client, concurrency, duration)
     else:
         assert rate is not None
@@ -371,7 +392,9 @@ async def measure(
     point = summarise(records, begin)
     wall = time.perf_counter() - wall
     busy_after = machine_busy_seconds()
-    point["client_cpu_s"] = round((process_cpu_seconds() or 0) - (client_cpu or 0), 3)
+    own_cpu = (process_cpu_seconds() or 0) - (client_cpu or 0)
+    point["client_cpu_s"] = round(own_cpu + children_cpu, 3)
+    point["client_processes"] = used_processes
     if server_cpu is not None and server_before is not None:
         after = server_cpu()
         point["server_cpu_s"] = round(after - server_before, 3) if after is not None else None

@@ -198,6 +198,7 @@ SERVE_POINT = {
         "latency_ms": LATENCY,
         "ttft_ms": LATENCY,
         "tpot_ms": LATENCY,
+        "client_processes": {"type": "integer", "minimum": 1},
     },
 }
 

@@ -79,7 +79,7 @@ def run_serve_bench(
         "offline": offline,
         "points": points,
         **same_run.sections(),
-        "goals": evaluate_goals(points, offline, same_run.sections()),
+        "goals": evaluate_goals(points, offline, same_run.sections(), settings.device),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
 

@@ -15,6 +15,7 @@ Goal ids (``name``) are stable: `attnserve bench report` reads older results.
   concurrency 1;
 - ``vit_c32_vs_ort_b32[SETUP]``: the ViT at concurrency 32 >= 90% of onnxruntime's own
   batch-32 images/s;
+- on CUDA, the GPU goals of ``serve_gpu_goals`` (128 streams, the ViT at 256 clients);
 - the same-run Triton and perf_analyzer goals of ``serve_peer_goals``.
 
 Retired: ``vit_c1_images_per_s[SETUP]`` (results before 2026-11-23), a target copied from a
@@ -61,6 +62,7 @@ def evaluate_goals(
     points: list[dict[str, Any]],
     offline: dict[str, Any],
     sections: dict[str, Any] | None = None,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """The serving goals, each with the measured figure, the target and pass / fail.
 
@@ -68,10 +70,12 @@ def evaluate_goals(
         points: the run's load points.
         offline: its offline references.
         sections: its ``triton`` and ``perf_analyzer`` sections (older results have none).
+        device: the run's device; on cuda the GPU goals of ``serve_gpu_goals`` come too.
 
     Returns:
         One record per goal (see ``goal_record``).
     """
+    from benchmarks.serve_gpu_goals import gpu_goals
     from benchmarks.serve_peer_goals import peer_goals
 
     goals = []
@@ -81,7 +85,7 @@ def evaluate_goals(
     vit = offline.get("vit")
     if vit is not None:
         goals += vit_goals(points, vit)
-    return goals + peer_goals(points, sections)
+    return goals + gpu_goals(points, offline, device) + peer_goals(points, sections)
 
 
 def find_point(points: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:

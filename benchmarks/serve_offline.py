@@ -3,7 +3,8 @@
 Measured in the benchmark's own process with the server's ONNX Runtime settings, before and
 after the load (``merge_offline`` averages the two): the translator's fixed-length greedy
 tokens/s per batch size and its minimal request's engine time (encode + one decoder step), and
-the ViT's onnxruntime images/s at batch 1 and 32. The goals compare served figures against them.
+the ViT's onnxruntime images/s at batch 1 and 32 (on CUDA also 256). The goals compare served
+figures against them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.attnserve_runner import fixed_greedy
-from benchmarks.serve_settings import GOAL_CONCURRENCY, ServeSettings
+from benchmarks.serve_settings import GOAL_CONCURRENCY, GPU_VIT_CLIENTS, ServeSettings
 from benchmarks.serve_setups import BATCHING_EDITS, with_server_onnxruntime
 
 
@@ -50,8 +51,9 @@ def served_model(entry: Path, threads: int, device: str) -> Any:
 
 
 def offline_translator(entry: Path, settings: ServeSettings, language: str) -> dict[str, Any]:
-    """Fixed-length greedy tokens/s at batch 1 and 32, and the minimal request's engine time
-    (also per engine thread count of the measured setups: ``minimal_request_ms_by_threads``)."""
+    """Fixed-length greedy tokens/s per batch (``offline_batches``) and the minimal request's
+    engine time (also per engine thread count of the measured setups:
+    ``minimal_request_ms_by_threads``)."""
     model = served_model(entry, settings.threads, settings.device)
     ids = model.source_ids(settings.text, language)[None, :]
     decode = partial(_decode_with, model)
@@ -61,7 +63,7 @@ def offline_translator(entry: Path, settings: ServeSettings, language: str) -> d
         "tokens_per_s": {},
         "runs_s": {},
     }
-    for batch in sorted({1, GOAL_CONCURRENCY, *[c for c in settings.concurrency if c <= 64]}):
+    for batch in offline_batches(settings):
         batch_ids = np.repeat(ids, batch, axis=0)
         rate, times = _median_rate(
             partial(decode, batch_ids, settings.new_tokens),
@@ -80,6 +82,13 @@ def offline_translator(entry: Path, settings: ServeSettings, language: str) -> d
         )
     result["minimal_request_ms_by_threads"] = by_threads
     return result
+
+
+def offline_batches(settings: ServeSettings) -> list[int]:
+    """The translator's offline batch sizes: 1, the goal's and the measured concurrencies up
+    to 64 (on CUDA up to 256, which covers the GPU goal's 128 streams)."""
+    limit = GPU_VIT_CLIENTS if settings.device == "cuda" else 64
+    return sorted({1, GOAL_CONCURRENCY, *[c for c in settings.concurrency if c <= limit]})
 
 
 def setup_engine_threads(settings: ServeSettings) -> set[int]:
@@ -135,11 +144,13 @@ def _minimal_request_times(minimal: Callable[[], None], overhead_s: float) -> li
 
 
 def offline_vit(entry: Path, settings: ServeSettings, image: bytes) -> dict[str, Any]:
-    """onnxruntime images/s at batch 1 and 32 on the server's preprocessed pixels."""
+    """onnxruntime images/s at batch 1 and 32 (on CUDA also 256) on the server's preprocessed
+    pixels."""
     model = served_model(entry, settings.threads, settings.device)
     pixels = model.image_pixels(image)
     result: dict[str, Any] = {"images_per_s": {}, "runs_s": {}}
-    for batch in (1, GOAL_CONCURRENCY):
+    batches = (1, GOAL_CONCURRENCY, *((GPU_VIT_CLIENTS,) if settings.device == "cuda" else ()))
+    for batch in batches:
         batch_pixels = np.repeat(pixels[None], batch, axis=0)
 
         def call(batch_pixels: np.ndarray = batch_pixels) -> None:

@@ -41,6 +41,12 @@ FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (defa
 INSTANCES = {"instances": 2}  # the models' batching.instances (default 1)
 MODELS = ("translator", "vit")
 GOAL_CONCURRENCY = 32  # the concurrency (and offline batch size) the throughput goals compare at
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+# On CUDA the GPU goals' loads come on top: 128 translation streams (against the offline
+# batch-128 rate) and 256 ViT clients.
+GPU_STREAMS = 128
+GPU_VIT_CLIENTS = 256
+CUDA_CONCURRENCY = (*DEFAULT_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS)
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
 
 
@@ -48,7 +54,7 @@ DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eig
 class ServeSettings:
     """What one serve benchmark run measures."""
 
-    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY  # CUDA_CONCURRENCY on cuda
     rates: tuple[float, ...] | None = None  # open loop requests/s; None = fractions of the peak
     rate_fractions: tuple[float, ...] = (0.25, 0.5, 0.75, 0.9)
     duration_s: float = 5.0  # per load point
@@ -58,6 +64,9 @@ class ServeSettings:
     models: tuple[str, ...] = MODELS
     setups: tuple[str, ...] = SETUPS
     connections: int = 4  # TCP connections the load generator spreads each point's calls over
+    # Processes the load generator's clients run in (each with ``connections`` connections);
+    # None: ``default_client_processes()`` for this machine.
+    client_processes: int | None = None
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     device: str = "cpu"
     offline_repetitions: int = 5
@@ -94,6 +103,12 @@ class ServeSettings:
         )
         return replace(base, **overrides)
 
+    def __post_init__(self) -> None:
+        if self.device == "cuda" and self.concurrency == DEFAULT_CONCURRENCY:
+            self.concurrency = CUDA_CONCURRENCY
+        if self.client_processes is None:
+            self.client_processes = default_client_processes()
+
     def check(self) -> None:
         """Raise ValueError for settings that cannot run."""
         if not self.concurrency or min(self.concurrency) < 1:
@@ -104,6 +119,8 @@ class ServeSettings:
             raise ValueError("--rates must list rates > 0")
         if self.connections < 1:
             raise ValueError("--connections must be >= 1")
+        if self.client_processes is not None and self.client_processes < 1:
+            raise ValueError("--client-processes must be >= 1")
         if self.duration_s <= 0 or self.new_tokens < 1:
             raise ValueError("--duration must be > 0 and --new-tokens >= 1")
         unknown = sorted(set(self.models) - set(MODELS))
@@ -114,3 +131,11 @@ class ServeSettings:
             raise ValueError(f"unknown setup(s) {unknown}; choose from {list(SETUPS)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError("--device must be cpu or cuda")
+
+
+def default_client_processes(cpus: int | None = None) -> int:
+    """Load generator processes for a machine of ``cpus`` logical CPUs: one below 8 CPUs (on a
+    small machine every client process takes CPU from the server it measures), else a quarter
+    of them, at most 8 (one event loop issues a few thousand calls a second)."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    return 1 if cpus < 8 else min(8, cpus // 4)

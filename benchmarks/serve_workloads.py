@@ -5,7 +5,7 @@ Per setup: minimal requests at concurrency 1 (the per-request overhead figure; `
 streaming, unary too under those two, ViT classify), then open-loop points with Poisson arrivals at
 set rates or at fractions of the setup's closed-loop peak (``open_plan``). A point during which
 other processes used more than ``max_foreign_share`` of the CPU is discarded (recorded) and measured
-again.
+again. The clients run in ``client_processes`` processes (``loadgen_processes``; one below 8 CPUs).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.loadgen import Client, Workload, measure
+from benchmarks.loadgen_processes import ClientProcesses
 from benchmarks.machine import wait_for_quiet
 from benchmarks.output import log
 from benchmarks.serve_settings import FULL_SETUPS, MINIMAL_SETUPS, ServeSettings
@@ -57,8 +58,15 @@ def open_plan(setup: str, models: tuple[str, ...]) -> list[tuple[str, str]]:
 async def drive_setup(
     server: ServeProcess, setup: str, settings: ServeSettings, language: str, image: bytes
 ) -> list[dict[str, Any]]:
-    """Every load point of ``setup`` against its running ``server``; one record per point."""
-    return await SetupDriver(server, setup, settings, language, image).run()
+    """Every load point of ``setup`` against its running ``server``; one record per point. With
+    ``settings.client_processes`` > 1 the clients of each point run in that many processes."""
+    count = settings.client_processes or 1
+    processes = ClientProcesses(count) if count > 1 else None
+    try:
+        return await SetupDriver(server, setup, settings, language, image, processes).run()
+    finally:
+        if processes is not None:
+            processes.close()
 
 
 @dataclass
@@ -70,6 +78,7 @@ class SetupDriver:
     settings: ServeSettings
     language: str
     image: bytes
+    processes: ClientProcesses | None = None  # where the clients run (None: this process)
     points: list[dict[str, Any]] = field(default_factory=list)
 
     async def run(self) -> list[dict[str, Any]]:
@@ -172,7 +181,9 @@ class SetupDriver:
         retries = self.settings.noise_retries
         discarded: list[dict[str, Any]] = []
         for attempt in range(retries + 1):
-            result = await measure(client, server_cpu=self.server.cpu_seconds, **load)
+            result = await measure(
+                client, server_cpu=self.server.cpu_seconds, processes=self.processes, **load
+            )
             share = result.get("foreign_cpu_share")
             if limit is None or share is None or share <= limit:
                 break

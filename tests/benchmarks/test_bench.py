@@ -165,6 +165,8 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
     assert "instances" in classified
     assert threads[("batching", "translator")] == total
     assert result["settings"]["connections"] == 4
+    spread = result["settings"]["client_processes"]
+    assert spread >= 1 and all(1 <= p.get("client_processes", 1) <= spread for p in points)
     names = {g["name"] for g in result["goals"]}
     assert "overhead_p50_ms[translate]" in names
     assert "overhead_p50_ms[translate,two_frontends]" in names

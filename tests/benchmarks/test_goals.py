@@ -156,7 +156,8 @@ def test_committed_results_re_evaluate_to_their_goals(path: Path) -> None:
     document = json.loads(path.read_text())
     schema.validate(document)
     sections = {k: document[k] for k in ("triton", "perf_analyzer") if k in document}
-    goals = evaluate_goals(document["points"], document["offline"], sections)
+    device = document["settings"].get("device", "cpu")
+    goals = evaluate_goals(document["points"], document["offline"], sections, device)
     recorded = [g for g in document["goals"] if g["name"] not in RETIRED_GOALS]
     assert [g["name"] for g in goals] == [g["name"] for g in recorded]
     for new, old in zip(goals, recorded, strict=True):
