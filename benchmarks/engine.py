@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.engine_figures import derive, summary
+from benchmarks.engine_goals import engine_goals
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.engine_timing import bench_batch
 from benchmarks.machine import cpu_snapshot, foreign_cpu_share, load_average, machine_metadata
@@ -69,7 +70,7 @@ def run_engine_bench(settings: EngineSettings, cache: Path | None = None) -> dic
     derive(rows, settings, peak)
     machine["load_average_end"] = load_average()
     machine["foreign_cpu_share"] = foreign_cpu_share(snapshot)
-    return {
+    document = {
         "schema": ENGINE_SCHEMA_ID,
         "kind": "engine",
         "run_id": timestamp(),
@@ -83,6 +84,8 @@ def run_engine_bench(settings: EngineSettings, cache: Path | None = None) -> dic
         "summary": summary(rows, settings),
         "wall_seconds": round(time.perf_counter() - started, 1),
     }
+    document["goals"] = engine_goals(document)
+    return document
 
 
 def time_batches(

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from benchmarks.engine_goals import engine_goals
 from benchmarks.schema import BenchError, validate
 
 SUMMARY_CONCURRENCY = (1, 8, 32, 64)
@@ -100,6 +101,10 @@ def engine_section(result: dict[str, Any], source: str) -> list[str]:
     lines += _engine_rate_table(result)
     lines += _engine_peer_table(result)
     lines += _engine_notes(result)
+    goals = engine_goals(result)  # judged again: results written before the goals have none
+    if goals:
+        lines += ["", "Goals (attnserve's best configuration per precision and batch):", ""]
+        lines += _goal_table(goals)
     for plot in result.get("plots", []):
         lines += ["", f"![engine comparison]({plot})"]
     return lines
@@ -142,11 +147,16 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
     """attnserve's ratios to CTranslate2 and HF and its fraction of the peak, per precision."""
     batches = result["settings"]["batches"]
     rows = result["results"]
+    brackets = (
+        " (in brackets: lowest and highest over the interleaved rounds, each round comparing "
+        "runs made one after the other)"
+        if any(r.get("ratio_to_ctranslate2_range") for r in rows)
+        else ""  # results written before the per-round ratios
+    )
     lines = [
         "",
         "attnserve against its peers: ratio to the best CTranslate2 thread split of the same "
-        "precision (in brackets: lowest and highest over the interleaved rounds, each round "
-        "comparing runs made one after the other), ratio to HF generate with KV cache, "
+        f"precision{brackets}, ratio to HF generate with KV cache, "
         "fraction of the fp32 matmul peak "
         "(achieved FLOP/s, encoder included; for int8 a FLOP-equivalent share, as int8 kernels "
         "are not bound by the fp32 peak):",
@@ -246,8 +256,9 @@ def _goal_table(goals: list[dict[str, Any]]) -> list[str]:
     for goal in goals:
         verdict = {True: "pass", False: "**FAIL**", None: "not measured"}[goal["passed"]]
         unit = goal.get("unit", "")
+        by = f" ({goal['engine']})" if goal.get("engine") else ""  # engine goals: which config
         lines.append(
-            f"| {goal['name']}: {goal['goal']} | {_fmt(goal['measured'], 3)} {unit} | "
+            f"| {goal['name']}: {goal['goal']} | {_fmt(goal['measured'], 3)} {unit}{by} | "
             f"{_fmt(goal.get('target'), 3)} {unit} | {verdict} |"
         )
     return lines

@@ -154,6 +154,7 @@ ENGINE_SCHEMA: dict[str, Any] = {
         },
         "results": {"type": "array", "minItems": 1, "items": ENGINE_ROW},
         "summary": {"type": "object", "required": ["by_batch"]},
+        "goals": {"type": "array", "items": GOAL},
     },
 }
 
