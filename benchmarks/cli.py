@@ -117,6 +117,13 @@ def _serve_parser(commands: Any) -> None:
         help="TCP connections the load generator spreads each point's calls over (default 4)",
     )
     serve.add_argument(
+        "--gpu-goals",
+        action="store_true",
+        help="only the loads the goals are judged on (setups batching, two_frontends and "
+        "instances; 1, 32, 128 and 256 clients; no open loop, no Triton peer; 3 s points): "
+        "what a short GPU lease has time for; other flags still apply on top",
+    )
+    serve.add_argument(
         "--client-processes",
         type=int,
         help="processes the load generator's clients run in, each with --connections "
@@ -233,7 +240,17 @@ def run_engine(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from benchmarks.serve import ServeSettings, main
+    from benchmarks.serve import main
+
+    settings = serve_settings(args)
+    path = main(settings, args.out, args.cache, args.repository, plots=not args.no_plots)
+    print(path)
+    return 0
+
+
+def serve_settings(args: argparse.Namespace) -> Any:
+    """The ServeSettings of `bench serve`'s flags (``--gpu-goals`` first, given flags on top)."""
+    from benchmarks.serve_settings import GPU_GOAL_LOADS, ServeSettings
 
     overrides = _given(
         args,
@@ -252,10 +269,9 @@ def run_serve(args: argparse.Namespace) -> int:
         triton="triton",
         triton_python="triton_python",
     )
-    settings = ServeSettings.tiny_settings(**overrides) if args.tiny else ServeSettings(**overrides)
-    path = main(settings, args.out, args.cache, args.repository, plots=not args.no_plots)
-    print(path)
-    return 0
+    if getattr(args, "gpu_goals", False):
+        overrides = {**GPU_GOAL_LOADS, **overrides}
+    return ServeSettings.tiny_settings(**overrides) if args.tiny else ServeSettings(**overrides)
 
 
 def run_report(args: argparse.Namespace) -> int:

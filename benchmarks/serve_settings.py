@@ -47,6 +47,15 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 GPU_STREAMS = 128
 GPU_VIT_CLIENTS = 256
 CUDA_CONCURRENCY = (*DEFAULT_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS)
+# `bench serve --gpu-goals`: only the loads the GPU goals (and the 32-stream goal) are judged on,
+# in the setups they compare: closed loop, no open loop, no Triton peer; fits a short GPU lease.
+GPU_GOAL_LOADS: dict[str, Any] = {
+    "setups": ("batching", "two_frontends", "instances"),
+    "concurrency": (1, GOAL_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS),
+    "rate_fractions": (),
+    "duration_s": 3.0,
+    "triton": False,
+}
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
 
 

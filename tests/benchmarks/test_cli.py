@@ -76,6 +76,23 @@ def test_serve_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert seen["rest"] == (tmp_path / "repo",) and seen["plots"] is True
 
 
+def test_gpu_goals_selects_the_goal_loads_and_given_flags_win(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = run(monkeypatch, serve, "serve", "--device", "cuda", "--gpu-goals")["settings"]
+    assert settings.device == "cuda" and settings.setups == (
+        "batching",
+        "two_frontends",
+        "instances",
+    )
+    assert settings.concurrency == (1, 32, 128, 256) and settings.rate_fractions == ()
+    assert settings.triton is False and settings.duration_s == 3.0
+    flags = ("--gpu-goals", "--duration", "2", "--client-processes", "3", "--setups", "batching")
+    settings = run(monkeypatch, serve, "serve", *flags)["settings"]
+    assert settings.duration_s == 2.0 and settings.client_processes == 3
+    assert settings.setups == ("batching",) and settings.concurrency == (1, 32, 128, 256)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
