@@ -61,16 +61,23 @@ def _best(rows: list[dict[str, Any]], batch: int, precision: str | None, key: st
     return max(measured, key=lambda r: r[key]) if measured else None
 
 
-def _ratio_goal(
-    name: str, goal: str, row: dict[str, Any] | None, key: str, target: float
+def _row_goal(
+    name: str,
+    goal: str,
+    row: dict[str, Any] | None,
+    key: str,
+    target: float,
+    unit: str = "x",
+    at_least: bool = True,
 ) -> dict[str, Any]:
+    """The goal on ``row[key]`` (None: not measured), naming the row's engine."""
     return goal_record(
         name,
         goal,
         row[key] if row else None,
         target,
-        True,
-        "x",
+        at_least,
+        unit,
         engine=row["engine"] if row else None,
         rounds_range=row.get(f"{key}_range") if row else None,
     )
@@ -81,7 +88,7 @@ def _cpu_goals(rows: list[dict[str, Any]], batches: list[int], vnni: bool) -> li
     if FP32_VS_CT2_BATCH in batches and any(r["precision"] == "fp32" for r in rows):
         b = FP32_VS_CT2_BATCH
         goals.append(
-            _ratio_goal(
+            _row_goal(
                 f"fp32_vs_ctranslate2_b{b}",
                 f"fp32 at batch {b}: new tokens/s >= {FP32_VS_CT2}x the best CTranslate2 fp32 "
                 "thread split's (same run)",
@@ -95,7 +102,7 @@ def _cpu_goals(rows: list[dict[str, Any]], batches: list[int], vnni: bool) -> li
         where = "a CPU with AVX-512 VNNI" if vnni else "a CPU without VNNI"
         for b in (b for b in INT8_BATCHES if b in batches):
             goals.append(
-                _ratio_goal(
+                _row_goal(
                     f"int8_vs_ctranslate2_b{b}",
                     f"int8 at batch {b} on {where}: new tokens/s >= {target}x the best "
                     "CTranslate2 int8 thread split's (same run)",
@@ -113,7 +120,7 @@ def _gpu_goals(rows: list[dict[str, Any]], batches: list[int]) -> list[dict[str,
     for precision in precisions:
         for b in (b for b in GPU_VS_HF_BATCHES if b in batches):
             goals.append(
-                _ratio_goal(
+                _row_goal(
                     f"vs_hf_b{b}[{precision}]",
                     f"{precision} at batch {b} on the GPU: new tokens/s >= {GPU_VS_HF}x Hugging "
                     f"Face generate's ({precision}, KV cache, same GPU, same run)",
@@ -123,30 +130,27 @@ def _gpu_goals(rows: list[dict[str, Any]], batches: list[int]) -> list[dict[str,
                 )
             )
     if 256 in batches:
-        best = _best(rows, 256, None, "tokens_per_s")
         goals.append(
-            goal_record(
+            _row_goal(
                 "tokens_per_s_b256",
                 f"batch 256 on the GPU: >= {GPU_TOKENS_PER_S_B256:,.0f} new tokens/s",
-                best["tokens_per_s"] if best else None,
+                _best(rows, 256, None, "tokens_per_s"),
+                "tokens_per_s",
                 GPU_TOKENS_PER_S_B256,
-                True,
                 "tok/s",
-                engine=best["engine"] if best else None,
             )
         )
     if 1 in batches:
         step = [r for r in rows if r["batch"] == 1 and r.get("ms_per_step") is not None]
-        best = min(step, key=lambda r: r["ms_per_step"]) if step else None
         goals.append(
-            goal_record(
+            _row_goal(
                 "step_ms_b1",
                 f"batch 1 on the GPU: a decode step <= {GPU_STEP_MS_B1} ms (encoder amortised)",
-                best["ms_per_step"] if best else None,
+                min(step, key=lambda r: r["ms_per_step"]) if step else None,
+                "ms_per_step",
                 GPU_STEP_MS_B1,
-                False,
                 "ms",
-                engine=best["engine"] if best else None,
+                at_least=False,
             )
         )
     if {"fp16", "fp32"} <= set(precisions):

@@ -176,15 +176,22 @@ def setup_engine_ms(translator: dict[str, Any], setup: str) -> float:
 
 
 def served_vs_offline_goal(
-    setup: str, served: dict[str, Any] | None, offline_rate: float | None
+    setup: str,
+    served: dict[str, Any] | None,
+    offline_rate: float | None,
+    streams: int = GOAL_CONCURRENCY,
+    target: float = SERVED_OF_OFFLINE,
+    where: str = "",
 ) -> dict[str, Any]:
+    """``streams`` concurrent streams' served new tokens/s as a share of the offline rate at that
+    batch (``where``: e.g. " on CUDA")."""
     served_rate = served.get("tokens_per_s") if served else None
     return goal_record(
-        f"translator_served_vs_offline_c{GOAL_CONCURRENCY}[{setup}]",
-        f"{GOAL_CONCURRENCY} concurrent translation streams: served new tokens/s "
-        f">= {SERVED_OF_OFFLINE:.0%} of the engine's offline batch-{GOAL_CONCURRENCY} rate",
+        f"translator_served_vs_offline_c{streams}[{setup}]",
+        f"{streams} concurrent translation streams{where}: served new tokens/s "
+        f">= {target:.0%} of the engine's offline batch-{streams} rate",
         served_rate / offline_rate if served_rate and offline_rate else None,
-        SERVED_OF_OFFLINE,
+        target,
         True,
         "fraction",
         variant=setup,

@@ -13,14 +13,21 @@ At these loads one client event loop would be the ceiling, so the run spreads it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from benchmarks.serve_goals import WORKER_SETUPS, find_point, goal_record
+from benchmarks.serve_goals import (
+    WORKER_SETUPS,
+    find_point,
+    goal_record,
+    served_vs_offline_goal,
+)
 from benchmarks.serve_settings import GPU_STREAMS, GPU_VIT_CLIENTS, SETUPS
 
 GPU_SERVED_OF_OFFLINE = 0.60  # 128 streams >= 60% of the offline batch-128 rate, each setup
 GPU_BEST_WORKERS_OF_OFFLINE = 0.70  # ... and >= 70% with the best worker setup
 GPU_VIT_IMAGES_PER_S = 10_000.0  # the ViT at 256 clients, one image per request
+WHICH = "1 or 2 frontend processes, or 2 engine instances"
 
 
 def gpu_goals(
@@ -57,78 +64,75 @@ def _best(goals: list[dict[str, Any]]) -> tuple[str | None, float | None]:
     return setup, measured[setup]
 
 
-def _streams_goals(points: list[dict[str, Any]], offline_rate: float | None) -> list[dict]:
-    name = f"translator_served_vs_offline_c{GPU_STREAMS}"
+def _per_setup(
+    points: list[dict[str, Any]],
+    model: str,
+    method: str,
+    concurrency: int,
+    record: Callable[[str, dict[str, Any] | None], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``record(setup, point)`` for each setup the run measured (``batching`` always: a run
+    without its point says so)."""
     goals = []
     for setup in SETUPS:
-        served = _closed(points, "translator", "translate_stream", setup, GPU_STREAMS)
-        if served is None and setup != "batching":
-            continue
-        rate = served.get("tokens_per_s") if served else None
-        goals.append(
-            goal_record(
-                f"{name}[{setup}]",
-                f"{GPU_STREAMS} concurrent translation streams on CUDA: served new tokens/s "
-                f">= {GPU_SERVED_OF_OFFLINE:.0%} of the engine's offline batch-{GPU_STREAMS} "
-                "rate (same run)",
-                rate / offline_rate if rate and offline_rate else None,
-                GPU_SERVED_OF_OFFLINE,
-                True,
-                "fraction",
-                variant=setup,
-                served_tokens_per_s=rate,
-                offline_tokens_per_s=offline_rate,
-            )
-        )
-    setup, best = _best(goals)
-    goals.append(
-        goal_record(
-            f"{name}[best_workers]",
-            f"{GPU_STREAMS} concurrent translation streams on CUDA with the best workers (1 or "
-            "2 frontend processes, or 2 engine instances): served new tokens/s >= "
-            f"{GPU_BEST_WORKERS_OF_OFFLINE:.0%} of the engine's offline batch-{GPU_STREAMS} rate",
-            best,
-            GPU_BEST_WORKERS_OF_OFFLINE,
-            True,
-            "fraction",
-            variant=setup,
-        )
-    )
+        served = _closed(points, model, method, setup, concurrency)
+        if served is not None or setup == "batching":
+            goals.append(record(setup, served))
     return goals
+
+
+def _and_best(
+    goals: list[dict[str, Any]], name: str, goal: str, target: float, unit: str
+) -> list[dict[str, Any]]:
+    """``goals`` and the ``[best_workers]`` goal: the best of the worker setups' figures."""
+    setup, best = _best(goals)
+    best_goal = goal_record(f"{name}[best_workers]", goal, best, target, True, unit, variant=setup)
+    return [*goals, best_goal]
+
+
+def _streams_goals(points: list[dict[str, Any]], offline_rate: float | None) -> list[dict]:
+    name = f"translator_served_vs_offline_c{GPU_STREAMS}"
+    share = f"of the engine's offline batch-{GPU_STREAMS} rate (same run)"
+
+    def record(setup: str, served: dict[str, Any] | None) -> dict[str, Any]:
+        return served_vs_offline_goal(
+            setup, served, offline_rate, GPU_STREAMS, GPU_SERVED_OF_OFFLINE, " on CUDA"
+        )
+
+    goals = _per_setup(points, "translator", "translate_stream", GPU_STREAMS, record)
+    return _and_best(
+        goals,
+        name,
+        f"{GPU_STREAMS} concurrent translation streams on CUDA with the best workers ({WHICH}): "
+        f"served new tokens/s >= {GPU_BEST_WORKERS_OF_OFFLINE:.0%} {share}",
+        GPU_BEST_WORKERS_OF_OFFLINE,
+        "fraction",
+    )
 
 
 def _vit_goals(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     name = f"vit_images_per_s_c{GPU_VIT_CLIENTS}"
-    goals = []
-    for setup in SETUPS:
-        served = _closed(points, "vit", "classify", setup, GPU_VIT_CLIENTS)
-        if served is None and setup != "batching":
-            continue
-        goals.append(
-            goal_record(
-                f"{name}[{setup}]",
-                f"the ViT on CUDA at {GPU_VIT_CLIENTS} concurrent clients, one image per "
-                f"request: >= {GPU_VIT_IMAGES_PER_S:,.0f} images/s served",
-                served["throughput_rps"] if served else None,
-                GPU_VIT_IMAGES_PER_S,
-                True,
-                "images/s",
-                variant=setup,
-                client_processes=served.get("client_processes") if served else None,
-            )
-        )
-    setup, best = _best(goals)
-    goals.append(
-        goal_record(
-            f"{name}[best_workers]",
-            f"the ViT on CUDA at {GPU_VIT_CLIENTS} concurrent clients with the best workers "
-            f"(1 or 2 frontend processes, or 2 instances): >= {GPU_VIT_IMAGES_PER_S:,.0f} "
-            "images/s served",
-            best,
+    target = f">= {GPU_VIT_IMAGES_PER_S:,.0f} images/s served"
+
+    def record(setup: str, served: dict[str, Any] | None) -> dict[str, Any]:
+        return goal_record(
+            f"{name}[{setup}]",
+            f"the ViT on CUDA at {GPU_VIT_CLIENTS} concurrent clients, one image per request: "
+            + target,
+            served["throughput_rps"] if served else None,
             GPU_VIT_IMAGES_PER_S,
             True,
             "images/s",
             variant=setup,
+            client_processes=served.get("client_processes") if served else None,
         )
+
+    goals = _per_setup(points, "vit", "classify", GPU_VIT_CLIENTS, record)
+    return _and_best(
+        goals,
+        name,
+        f"the ViT on CUDA at {GPU_VIT_CLIENTS} concurrent clients with the best workers "
+        f"({WHICH}): {target}",
+        GPU_VIT_IMAGES_PER_S,
+        "images/s",
     )
-    return goals

@@ -71,25 +71,11 @@ def gpu_rows() -> list[dict[str, Any]]:
         (64, 32_000.0, 36_000.0, 10_000.0, 11_000.0),
         (256, 64_000.0, 70_000.0, 40_000.0, 52_000.0),
     ):
-        rows += [
-            _row(
-                "attnserve-fp32",
-                "fp32",
-                batch,
-                tokens_per_s=fp32,
-                ratio_to_hf=fp32 / hf32,
-                ms_per_step=batch * 1000 / fp32,
-            ),
-            _row(
-                "attnserve-fp16",
-                "fp16",
-                batch,
-                tokens_per_s=fp16,
-                ratio_to_hf=fp16 / hf16,
-                ms_per_step=batch * 1000 / fp16,
-            ),
-            _row("hf-generate-kv", "fp32", batch, tokens_per_s=hf32),
-        ]
+        for precision, rate, hf in (("fp32", fp32, hf32), ("fp16", fp16, hf16)):
+            figures = {"tokens_per_s": rate, "ratio_to_hf": rate / hf}
+            ms = batch * 1000 / rate
+            rows.append(_row(f"attnserve-{precision}", precision, batch, **figures, ms_per_step=ms))
+        rows.append(_row("hf-generate-kv", "fp32", batch, tokens_per_s=hf32))
     return rows
 
 
