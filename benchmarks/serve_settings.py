@@ -59,6 +59,14 @@ GPU_GOAL_LOADS: dict[str, Any] = {
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
 
 
+def default_client_processes(cpus: int | None = None) -> int:
+    """Load generator processes for a machine of ``cpus`` logical CPUs: one below 8 CPUs (on a
+    small machine every client process takes CPU from the server it measures), else a quarter
+    of them, at most 8 (one event loop issues a few thousand calls a second)."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    return 1 if cpus < 8 else min(8, cpus // 4)
+
+
 @dataclass
 class ServeSettings:
     """What one serve benchmark run measures."""
@@ -73,9 +81,8 @@ class ServeSettings:
     models: tuple[str, ...] = MODELS
     setups: tuple[str, ...] = SETUPS
     connections: int = 4  # TCP connections the load generator spreads each point's calls over
-    # Processes the load generator's clients run in (each with ``connections`` connections);
-    # None: ``default_client_processes()`` for this machine.
-    client_processes: int | None = None
+    # Processes the load generator's clients run in (each with ``connections`` connections).
+    client_processes: int = field(default_factory=default_client_processes)
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     device: str = "cpu"
     offline_repetitions: int = 5
@@ -115,8 +122,6 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.device == "cuda" and self.concurrency == DEFAULT_CONCURRENCY:
             self.concurrency = CUDA_CONCURRENCY
-        if self.client_processes is None:
-            self.client_processes = default_client_processes()
 
     def check(self) -> None:
         """Raise ValueError for settings that cannot run."""
@@ -128,7 +133,7 @@ class ServeSettings:
             raise ValueError("--rates must list rates > 0")
         if self.connections < 1:
             raise ValueError("--connections must be >= 1")
-        if self.client_processes is not None and self.client_processes < 1:
+        if self.client_processes < 1:
             raise ValueError("--client-processes must be >= 1")
         if self.duration_s <= 0 or self.new_tokens < 1:
             raise ValueError("--duration must be > 0 and --new-tokens >= 1")
@@ -140,11 +145,3 @@ class ServeSettings:
             raise ValueError(f"unknown setup(s) {unknown}; choose from {list(SETUPS)}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError("--device must be cpu or cuda")
-
-
-def default_client_processes(cpus: int | None = None) -> int:
-    """Load generator processes for a machine of ``cpus`` logical CPUs: one below 8 CPUs (on a
-    small machine every client process takes CPU from the server it measures), else a quarter
-    of them, at most 8 (one event loop issues a few thousand calls a second)."""
-    cpus = cpus if cpus is not None else os.cpu_count() or 1
-    return 1 if cpus < 8 else min(8, cpus // 4)

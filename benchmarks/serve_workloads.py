@@ -60,7 +60,7 @@ async def drive_setup(
 ) -> list[dict[str, Any]]:
     """Every load point of ``setup`` against its running ``server``; one record per point. With
     ``settings.client_processes`` > 1 the clients of each point run in that many processes."""
-    count = settings.client_processes or 1
+    count = settings.client_processes
     processes = ClientProcesses(count) if count > 1 else None
     try:
         return await SetupDriver(server, setup, settings, language, image, processes).run()

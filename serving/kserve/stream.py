@@ -97,6 +97,6 @@ class DeltaResponses:
             response.raw_output_contents.append(raw)
         parameters = response.parameters
         parameters["index"].int64_param = item.index
-        parameters["final"].bool_param = False
-        parameters["triton_final_response"].bool_param = False
+        for key, flag in _final(False).items():
+            parameters[key].bool_param = bool(flag)
         return response
