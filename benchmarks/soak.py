@@ -10,7 +10,9 @@ Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes
 text) calls, every one with a valid request (texts the translator refuses as too long are left
 out of the mix first). Every ``--interval`` seconds it samples the resident memory of the server
 process and every process under it (VmRSS from /proc, summed: with ``--frontend-workers N`` the
-supervisor, the engine process and the N frontends).
+supervisor, the engine process and the N frontends), and each process's own RSS under its name
+(``comm``: ``attnserve``, ``attnserve-eng``, ``attnserve-fe0``, ...), so that growth can be
+traced to a process.
 
 An error is any call that does not end OK, or a greedy answer that differs from the first
 answer the same input got (every input repeats). RSS growth is measured after the warm-up: the
@@ -71,17 +73,23 @@ def _process_rss(pid: int) -> int:
     return int(match.group(1)) * 1024
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process and its descendants (the supervisor, engine process and
-    frontends of ``--frontend-workers N``), summed; processes that end meanwhile count 0."""
-    total = 0
+def tree_rss(pid: int) -> dict[int, tuple[str, int]]:
+    """Process id -> (name, resident bytes) of a process and its descendants (the supervisor,
+    engine process and frontends of ``--frontend-workers N``); processes that end meanwhile are
+    left out, except ``pid`` itself, whose end is an error."""
+    found = {}
     for member in process_tree(pid):
         try:
-            total += _process_rss(member)
+            found[member] = (Path(f"/proc/{member}/comm").read_text().strip(), _process_rss(member))
         except (OSError, RuntimeError):
             if member == pid:
                 raise
-    return total
+    return found
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process and its descendants, summed (see ``tree_rss``)."""
+    return sum(rss for _, rss in tree_rss(pid).values())
 
 
 # --- the traffic ----------------------------------------------------------------------------------
@@ -269,10 +277,19 @@ def _median_between(samples: list[tuple[float, int]], start: float, end: float) 
     return float(statistics.median(inside))
 
 
+@dataclass
+class ProcessSamples:
+    """One server process's name and its (seconds, RSS bytes) samples."""
+
+    name: str
+    samples: list[tuple[float, int]] = field(default_factory=list)
+
+
 class RssSampler:
     """A thread sampling a process's resident memory every ``interval`` seconds until stopped.
 
-    ``samples``: (seconds since ``started``, RSS bytes).
+    ``samples``: (seconds since ``started``, RSS bytes of the whole tree); ``by_process``: per
+    process id, its name and its own samples.
     """
 
     def __init__(self, pid: int, interval: float, started: float) -> None:
@@ -280,12 +297,17 @@ class RssSampler:
         self.interval = interval
         self.started = started
         self.samples: list[tuple[float, int]] = []
+        self.by_process: dict[int, ProcessSamples] = {}
         self._finished = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._finished.is_set():
-            self.samples.append((time.monotonic() - self.started, rss_bytes(self.pid)))
+            now = time.monotonic() - self.started
+            tree = tree_rss(self.pid)
+            self.samples.append((now, sum(rss for _, rss in tree.values())))
+            for member, (name, rss) in tree.items():
+                self.by_process.setdefault(member, ProcessSamples(name)).samples.append((now, rss))
             self._finished.wait(self.interval)
 
     def start(self) -> RssSampler:
@@ -373,15 +395,19 @@ def soak(
         distinct_texts=len(inputs.texts),
         exit_code=exit_code,
     )
-    return soak_report(run, tally, sampler.samples)
+    return soak_report(run, tally, sampler.samples, sampler.by_process)
 
 
-def soak_report(run: SoakRun, tally: Tally, samples: list[tuple[float, int]]) -> dict[str, Any]:
-    """The JSON report: calls, errors, latency, RSS figures and growth, pass / fail."""
+def soak_report(
+    run: SoakRun,
+    tally: Tally,
+    samples: list[tuple[float, int]],
+    by_process: dict[int, ProcessSamples] | None = None,
+) -> dict[str, Any]:
+    """The JSON report: calls, errors, latency, RSS figures and growth (of the whole tree, and
+    per process when ``by_process`` is given), pass / fail."""
     elapsed = run.elapsed
-    baseline = _median_between(samples, run.warmup - run.window, run.warmup)
-    end = _median_between(samples, elapsed - run.window, elapsed)
-    growth = (end - baseline) / baseline
+    baseline, end, growth = _growth(samples, run)
     errors = sum(tally.errors.values())
     calls = sum(tally.calls.values())
     step = max(1, len(samples) // 120)
@@ -410,11 +436,34 @@ def soak_report(run: SoakRun, tally: Tally, samples: list[tuple[float, int]]) ->
         "rss_growth_after_warmup": round(growth, 4),
         "max_growth": run.max_growth,
         "rss_samples_mb": [(round(t, 1), round(rss / 2**20, 1)) for t, rss in samples[::step]],
+        "rss_by_process": [
+            _process_figures(member, process, run) for member, process in (by_process or {}).items()
+        ],
         "server_exit_code": run.exit_code,
         "passed": errors == 0 and growth <= run.max_growth,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _growth(samples: list[tuple[float, int]], run: SoakRun) -> tuple[float, float, float]:
+    """(after the warm-up, at the end, growth) of RSS samples: medians over ``run.window``."""
+    baseline = _median_between(samples, run.warmup - run.window, run.warmup)
+    end = _median_between(samples, run.elapsed - run.window, run.elapsed)
+    return baseline, end, (end - baseline) / baseline
+
+
+def _process_figures(pid: int, process: ProcessSamples, run: SoakRun) -> dict[str, Any]:
+    """One process's RSS after the warm-up and at the end (MB) and its growth."""
+    baseline, end, growth = _growth(process.samples, run)
+    return {
+        "pid": pid,
+        "name": process.name,
+        "after_warmup_mb": round(baseline / 2**20, 1),
+        "end_mb": round(end / 2**20, 1),
+        "growth_mb": round((end - baseline) / 2**20, 1),
+        "growth": round(growth, 4),
     }
 
 

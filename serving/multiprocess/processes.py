@@ -8,7 +8,9 @@
 
 Both report ``("ready", info)`` or ``("error", message)`` on their pipe, ignore SIGINT (the
 supervisor owns shutdown) and stop on SIGTERM: a frontend drains like a single-process server,
-the engine stops once the frontends are gone.
+the engine stops once the frontends are gone. Each names itself for ``ps`` / ``top`` (``comm``):
+``attnserve-eng`` and ``attnserve-fe0``, ``attnserve-fe1``, ... under the supervisor
+``attnserve``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import multiprocessing
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -24,6 +27,7 @@ from contract.model_config import ClassifierConfig, ModelConfig
 from serving.metrics import ServingMetrics
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
+from serving.multiprocess.titles import ENGINE_TITLE, FRONTEND_TITLE, set_process_title
 from serving.repository import ModelFactory, ModelRepository, RepositoryError
 from serving.served import ServedClassifier, ServedGenerator, ServedModel
 from serving.server import create_server
@@ -33,9 +37,10 @@ log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
 
 
-def _setup(config: ServerConfig) -> None:
+def _setup(config: ServerConfig, title: str) -> None:
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_process_title(title)
 
 
 def _stop_event() -> asyncio.Event:
@@ -49,7 +54,7 @@ def _stop_event() -> asyncio.Event:
 
 def engine_main(config: ServerConfig, address: str, ready: Connection) -> None:
     """Entry point of the engine process."""
-    _setup(config)
+    _setup(config, ENGINE_TITLE)
     asyncio.run(_engine(config, address, ready))
 
 
@@ -73,8 +78,9 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
 
 
 def frontend_main(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
-    """Entry point of a frontend process."""
-    _setup(config)
+    """Entry point of a frontend process (named ``attnserve-frontend-INDEX`` by the supervisor)."""
+    index = multiprocessing.current_process().name.rsplit("-", 1)[-1]
+    _setup(config, FRONTEND_TITLE + index)
     asyncio.run(_frontend(config, address, engine_pid, ready))
 
 

@@ -28,6 +28,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from serving.multiprocess.titles import SUPERVISOR_TITLE, set_process_title
 from serving.server_config import ServerConfig
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,7 @@ def serve_multiprocess(config: ServerConfig) -> int:
     """Run the server until SIGTERM / SIGINT; the process exit code."""
     from serving.metrics import multiprocess_registry, start_metrics_http_server
 
+    set_process_title(SUPERVISOR_TITLE)
     supervisor = Supervisor(config)
     try:
         supervisor.start()

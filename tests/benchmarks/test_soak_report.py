@@ -4,12 +4,13 @@ tests/reliability/test_soak.py)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("grpc")
 
-from benchmarks.soak import SoakRun, Tally, soak_report
+from benchmarks.soak import ProcessSamples, SoakRun, Tally, soak_report
 
 
 def run(**overrides: object) -> SoakRun:
@@ -44,6 +45,37 @@ def test_growth_is_measured_after_the_warmup() -> None:
     assert report["server_exit_code"] == 0 and report["distinct_texts"] == 3
 
 
+def test_each_process_gets_its_own_growth() -> None:
+    """The tree's growth is judged; each process's own figures say which one grew."""
+    mib = 2**20
+    times = (3.0, 4.0, 10.0)
+    grown = zip(times, (100, 100, 103), strict=True)
+    engine = ProcessSamples("attnserve-eng", [(t, m * mib) for t, m in grown])
+    frontend = ProcessSamples("attnserve-fe0", [(t, 50 * mib) for t in times])
+    totals = [(3.0, 150 * mib), (4.0, 150 * mib), (10.0, 153 * mib)]
+    report = soak_report(run(), Tally(), totals, {11: engine, 12: frontend})
+    assert report["rss_growth_after_warmup"] == 0.02
+    assert report["rss_by_process"] == [
+        {
+            "pid": 11,
+            "name": "attnserve-eng",
+            "after_warmup_mb": 100.0,
+            "end_mb": 103.0,
+            "growth_mb": 3.0,
+            "growth": 0.03,
+        },
+        {
+            "pid": 12,
+            "name": "attnserve-fe0",
+            "after_warmup_mb": 50.0,
+            "end_mb": 50.0,
+            "growth_mb": 0.0,
+            "growth": 0.0,
+        },
+    ]
+    assert soak_report(run(), Tally(), totals)["rss_by_process"] == []
+
+
 def test_an_error_or_too_much_growth_fails() -> None:
     samples = [(4.0, 100), (10.0, 110)]
     assert soak_report(run(), Tally(), samples)["passed"] is False  # 10% growth
@@ -59,7 +91,7 @@ def test_rss_sums_the_process_tree() -> None:
     import subprocess
     import sys
 
-    from benchmarks.soak import _process_rss, process_tree, rss_bytes
+    from benchmarks.soak import _process_rss, process_tree, rss_bytes, tree_rss
 
     code = "import sys, time; b = bytearray(64 << 20); print(flush=True); time.sleep(60)"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
@@ -68,6 +100,8 @@ def test_rss_sums_the_process_tree() -> None:
         assert child.pid in process_tree(os.getpid())
         alone = _process_rss(os.getpid())
         assert rss_bytes(os.getpid()) >= alone + (64 << 20)
+        name, rss = tree_rss(os.getpid())[child.pid]
+        assert name == Path(sys.executable).name[:15] and rss >= 64 << 20  # comm: the binary
     finally:
         child.kill()
         child.wait()

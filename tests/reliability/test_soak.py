@@ -8,7 +8,8 @@ its first answer again (whatever the API), every kind of call ran, the server ex
 SIGTERM, and the resident memory grew by at most 5% between the end of the 15 s warm-up and the
 end. The report goes to ``soak_summary.json`` in pytest's base temp directory and is printed.
 With two frontend processes the same soak runs for a third of the time, its memory summed over
-the supervisor, the engine process and both frontends.
+the supervisor, the engine process and both frontends, each of which the report also lists with
+its own RSS under its process name.
 """
 
 from __future__ import annotations
@@ -43,10 +44,14 @@ def test_short_soak(
     assert report["calls"] >= 10 * seconds  # it really drove traffic
     # one process, or the supervisor + the engine process + each frontend (+ the resource
     # tracker multiprocessing's spawn starts)
+    names = sorted(process["name"] for process in report["rss_by_process"])
     if workers == 1:
-        assert report["server_processes"] == 1
+        assert report["server_processes"] == 1 and len(names) == 1
     else:
         assert report["server_processes"] >= 2 + workers
+        # each process's own RSS, under its name (the resource tracker keeps Python's)
+        expected = ["attnserve", "attnserve-eng", "attnserve-fe0", "attnserve-fe1"]
+        assert [name for name in names if name.startswith("attnserve")] == expected
     assert report["server_exit_code"] == 0
     assert report["rss_growth_after_warmup"] <= 0.05, report["rss_mb"]
     assert report["passed"]

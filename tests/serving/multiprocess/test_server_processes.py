@@ -95,6 +95,20 @@ def test_two_frontends_answer_as_one_process(servers) -> None:
     assert answers(multi.address) == answers(single.address)
 
 
+def test_each_process_is_named_for_ps(servers) -> None:
+    """The supervisor, the engine and each frontend show their role in ``ps -o comm`` (the
+    engine's and frontends' pids as the supervisor logged them)."""
+    _, multi = servers
+    engine, frontends = child_pids(multi)
+
+    def comm(pid: int) -> str:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+
+    assert comm(multi.pid) == "attnserve"
+    assert comm(engine) == "attnserve-eng"
+    assert sorted(comm(pid) for pid in frontends) == ["attnserve-fe0", "attnserve-fe1"]
+
+
 def test_metrics_add_up_over_the_processes(servers) -> None:
     _, multi = servers
     url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
