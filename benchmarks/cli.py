@@ -109,7 +109,8 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--setups",
         type=_words,
-        help=f"server setups: {','.join(SETUPS)} (default all)",
+        help=f"server setups: {','.join(SETUPS)} (default all; four_frontends and "
+        "eight_frontends where the machine has 2 CPUs per frontend)",
     )
     serve.add_argument(
         "--connections",
@@ -119,8 +120,9 @@ def _serve_parser(commands: Any) -> None:
     serve.add_argument(
         "--gpu-goals",
         action="store_true",
-        help="only the loads the goals are judged on (setups batching, two_frontends and "
-        "instances; 1, 32, 128 and 256 clients; no open loop, no Triton peer; 3 s points): "
+        help="only the loads the goals are judged on (setups batching, two_frontends, "
+        "instances, and four_frontends / eight_frontends where the machine has 2 CPUs per "
+        "frontend; 1, 32, 128 and 256 clients; no open loop, no Triton peer; 3 s points): "
         "what a short GPU lease has time for; other flags still apply on top",
     )
     serve.add_argument(
@@ -250,7 +252,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def serve_settings(args: argparse.Namespace) -> Any:
     """The ServeSettings of `bench serve`'s flags (``--gpu-goals`` first, given flags on top)."""
-    from benchmarks.serve_settings import GPU_GOAL_LOADS, ServeSettings
+    from benchmarks.serve_settings import ServeSettings, gpu_goal_loads
 
     overrides = _given(
         args,
@@ -270,7 +272,7 @@ def serve_settings(args: argparse.Namespace) -> Any:
         triton_python="triton_python",
     )
     if getattr(args, "gpu_goals", False):
-        overrides = {**GPU_GOAL_LOADS, **overrides}
+        overrides = {**gpu_goal_loads(), **overrides}
     return ServeSettings.tiny_settings(**overrides) if args.tiny else ServeSettings(**overrides)
 
 

@@ -8,8 +8,8 @@ Goal ids (``name``) are stable: `attnserve bench report` reads older results.
   of the engine's offline batch-32 new tokens/s;
 - ``translator_served_vs_offline_c32[best_frontend_workers]`` (runs that measured the
   ``two_frontends`` setup): the better of 1 and 2 frontend processes reaches >= 60% of it;
-  ``[best_workers]`` (runs that also measured ``instances``): the best of those and of two engine
-  instances behind one frontend;
+  ``[best_workers]`` (runs that also measured ``instances``): the best of those, of two engine
+  instances behind one frontend and, where measured, of 4 and 8 frontend processes;
 - ``overhead_p50_ms[translate]`` (``[translate,two_frontends]``, ``[translate,instances]``) and
   ``overhead_p50_ms[classify,SETUP]``: per-request gRPC + scheduling overhead <= 1 ms p50 at
   concurrency 1;
@@ -32,7 +32,9 @@ from benchmarks.serve_settings import (
     INSTANCES,
     OVERHEAD_SETUPS,
     SETUPS,
+    WIDE_FRONTENDS,
 )
+from benchmarks.serve_settings import WORKER_SETUPS as BASE_WORKER_SETUPS
 from benchmarks.serve_setups import BATCHING_EDITS
 
 RETIRED_GOALS = ("vit_c1_images_per_s[batching]", "vit_c1_images_per_s[no_batching]")
@@ -42,18 +44,19 @@ BEST_WORKERS_OF_OFFLINE = 0.60  # goal: the same with the better frontend_worker
 # setup -> (frontend_workers, the translator's engine instances)
 WORKER_SETUPS = {
     setup: (FRONTEND_WORKERS.get(setup, 1), INSTANCES.get(setup, 1))
-    for setup in ("batching", "two_frontends", "instances")
+    for setup in (*BASE_WORKER_SETUPS, *WIDE_FRONTENDS)
 }
-# goal id suffix -> (the setups it takes the best of, how the goal names them)
+WORKERS_TEXT = (
+    "1, 2 (or, measured on larger machines, 4 or 8) frontend processes, or 2 engine instances"
+)
+# goal id suffix -> (the setups it needs measured, how the goal names them); the best also comes
+# from the wide-frontend setups when the run measured them
 BEST_OF = {
     "best_frontend_workers": (
         ("batching", "two_frontends"),
         "the better frontend_workers (1 or 2)",
     ),
-    "best_workers": (
-        tuple(WORKER_SETUPS),
-        "the best workers (1 or 2 frontend processes, or 2 engine instances)",
-    ),
+    "best_workers": (BASE_WORKER_SETUPS, f"the best workers ({WORKERS_TEXT})"),
 }
 OVERHEAD_MS = 1.0  # goal: per-request gRPC + scheduling overhead <= 1 ms p50
 
@@ -204,9 +207,10 @@ def best_workers_goal(served_goals: list[dict[str, Any]], name: str) -> dict[str
     """Goal ``[name]`` of ``BEST_OF``: the best of its setups' served / offline fractions; None
     when the run did not measure them all."""
     setups, which = BEST_OF[name]
-    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in setups}
-    if len(by_setup) < len(setups):
+    if not set(setups) <= {g["variant"] for g in served_goals}:
         return None
+    candidates = (*setups, *WIDE_FRONTENDS) if name == "best_workers" else setups
+    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in candidates}
     measured = {s: g["measured"] for s, g in by_setup.items() if g["measured"] is not None}
     setup = max(measured, key=measured.__getitem__) if measured else None
     workers, instances = WORKER_SETUPS[setup] if setup else (None, None)

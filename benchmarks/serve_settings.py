@@ -29,7 +29,19 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-SETUPS = ("batching", "no_inflight", "no_batching", "two_frontends", "instances", "spinning")
+# The batching configuration under more frontend processes, measured where the machine has
+# two CPUs per frontend (the load generator and the engine need cores too): the frontend count
+# that serves best on a large host (issue: frontend_workers "what measures best").
+WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8}
+SETUPS = (
+    "batching",
+    "no_inflight",
+    "no_batching",
+    "two_frontends",
+    "instances",
+    "spinning",
+    *WIDE_FRONTENDS,
+)
 FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary Translate
 OVERHEAD_SETUPS = (*FULL_SETUPS, "instances")  # the minimal request's overhead is measured in
 MINIMAL_SETUPS = (*OVERHEAD_SETUPS, "spinning")  # the minimal request is timed in
@@ -37,7 +49,7 @@ SPIN_DURATION_US = 50  # the spinning setup's spin_duration_us
 # Per setup, the onnxruntime fields each model's config.yaml gets (beside the benchmark's threads
 # and execution providers).
 ONNXRUNTIME_EDITS = {"spinning": {"allow_spinning": True, "spin_duration_us": SPIN_DURATION_US}}
-FRONTEND_WORKERS = {"two_frontends": 2}  # the server's --frontend-workers (default 1)
+FRONTEND_WORKERS = {"two_frontends": 2, **WIDE_FRONTENDS}  # --frontend-workers (default 1)
 INSTANCES = {"instances": 2}  # the models' batching.instances (default 1)
 MODELS = ("translator", "vit")
 GOAL_CONCURRENCY = 32  # the concurrency (and offline batch size) the throughput goals compare at
@@ -47,15 +59,29 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 GPU_STREAMS = 128
 GPU_VIT_CLIENTS = 256
 CUDA_CONCURRENCY = (*DEFAULT_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS)
-# `bench serve --gpu-goals`: only the loads the GPU goals (and the 32-stream goal) are judged on,
-# in the setups they compare: closed loop, no open loop, no Triton peer; fits a short GPU lease.
-GPU_GOAL_LOADS: dict[str, Any] = {
-    "setups": ("batching", "two_frontends", "instances"),
-    "concurrency": (1, GOAL_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS),
-    "rate_fractions": (),
-    "duration_s": 3.0,
-    "triton": False,
-}
+WORKER_SETUPS = ("batching", "two_frontends", "instances")  # the best-workers goals' base
+
+
+def machine_setups(setups: tuple[str, ...], cpus: int | None = None) -> tuple[str, ...]:
+    """``setups`` without the wide-frontend ones the machine lacks the CPUs for (two per
+    frontend process)."""
+    cpus = cpus if cpus is not None else os.cpu_count() or 1
+    return tuple(s for s in setups if WIDE_FRONTENDS.get(s, 0) * 2 <= cpus)
+
+
+def gpu_goal_loads(cpus: int | None = None) -> dict[str, Any]:
+    """`bench serve --gpu-goals`: only the loads the GPU goals (and the 32-stream goal) are
+    judged on, in the setups they compare (with 4 and 8 frontends where the machine has the
+    CPUs): closed loop, no open loop, no Triton peer; fits a short GPU lease."""
+    return {
+        "setups": machine_setups((*WORKER_SETUPS, *WIDE_FRONTENDS), cpus),
+        "concurrency": (1, GOAL_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS),
+        "rate_fractions": (),
+        "duration_s": 3.0,
+        "triton": False,
+    }
+
+
 DEFAULT_TEXT = "three hundred and forty-seven thousand two hundred and fifty-eight"
 
 
@@ -79,7 +105,7 @@ class ServeSettings:
     overhead_s: float = 3.0  # concurrency-1 minimal requests for the overhead figure
     new_tokens: int = 64
     models: tuple[str, ...] = MODELS
-    setups: tuple[str, ...] = SETUPS
+    setups: tuple[str, ...] = field(default_factory=lambda: machine_setups(SETUPS))
     connections: int = 4  # TCP connections the load generator spreads each point's calls over
     # Processes the load generator's clients run in (each with ``connections`` connections).
     client_processes: int = field(default_factory=default_client_processes)

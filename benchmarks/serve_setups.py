@@ -17,7 +17,13 @@ from typing import Any
 
 from benchmarks.attnserve_runner import execution_providers
 from benchmarks.output import log
-from benchmarks.serve_settings import FRONTEND_WORKERS, INSTANCES, MODELS, ONNXRUNTIME_EDITS
+from benchmarks.serve_settings import (
+    FRONTEND_WORKERS,
+    INSTANCES,
+    MODELS,
+    ONNXRUNTIME_EDITS,
+    WIDE_FRONTENDS,
+)
 from benchmarks.server_process import ServeProcess
 
 # Per setup, the batching fields each model's config.yaml gets (a model missing from a setup is
@@ -37,6 +43,8 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
         "vit": {"instances": INSTANCES["instances"]},
     },
     "spinning": {"translator": {}, "vit": {}},  # batching's, with ONNXRUNTIME_EDITS["spinning"]
+    # batching's, served by 4 / 8 frontend processes
+    **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
 }
 
 

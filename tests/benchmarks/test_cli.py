@@ -79,11 +79,14 @@ def test_serve_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_gpu_goals_selects_the_goal_loads_and_given_flags_win(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 16)  # the lent GPU host's CPUs
     settings = run(monkeypatch, serve, "serve", "--device", "cuda", "--gpu-goals")["settings"]
     assert settings.device == "cuda" and settings.setups == (
         "batching",
         "two_frontends",
         "instances",
+        "four_frontends",
+        "eight_frontends",
     )
     assert settings.concurrency == (1, 32, 128, 256) and settings.rate_fractions == ()
     assert settings.triton is False and settings.duration_s == 3.0

@@ -318,6 +318,27 @@ def test_the_best_workers_count_engine_instances_too() -> None:
     # The frontend-only judgement ignores the instances setup.
     frontends = goals["translator_served_vs_offline_c32[best_frontend_workers]"]
     assert (frontends["measured"], frontends["variant"]) == (0.55, "two_frontends")
+    # Four frontends, measured on a larger machine, count for the best workers when best.
+    wider = [*run, streams("four_frontends", 7000.0)]
+    goals = {g["name"]: g for g in evaluate_goals(wider, offline)}
+    best = goals["translator_served_vs_offline_c32[best_workers]"]
+    assert (best["measured"], best["variant"]) == (0.7, "four_frontends")
+    assert best["frontend_workers"] == 4
+    assert goals["translator_served_vs_offline_c32[four_frontends]"]["measured"] == 0.7
+
+
+def test_wide_frontend_setups_serve_batching_s_models_from_more_processes(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    from benchmarks.serve_setups import setup_repository
+    from contract.repository import read_model_config
+
+    models = ("translator", "vit")
+    four, variants = setup_repository(tiny_repository, "four_frontends", models, 2, "cpu", tmp_path)
+    plain, _ = setup_repository(tiny_repository, "batching", models, 2, "cpu", tmp_path)
+    assert [v["frontend_workers"] for v in variants] == [4, 4]
+    for model in models:
+        assert read_model_config(four / model) == read_model_config(plain / model)
 
 
 def test_the_spinning_setup_bounds_the_spin_of_batching_s_models(

@@ -13,8 +13,11 @@ from benchmarks.serve_offline import offline_batches
 from benchmarks.serve_settings import (
     CUDA_CONCURRENCY,
     DEFAULT_CONCURRENCY,
+    SETUPS,
     ServeSettings,
     default_client_processes,
+    gpu_goal_loads,
+    machine_setups,
 )
 
 
@@ -83,6 +86,31 @@ def test_the_vit_goal_is_absolute_images_per_second_at_256_clients() -> None:
     best = goals["vit_images_per_s_c256[best_workers]"]
     assert best["variant"] == "two_frontends" and best["measured"] == 11_000.0
     assert best["passed"] is True
+
+
+def test_more_frontends_count_for_the_best_workers_when_measured() -> None:
+    points, offline = cuda_run()
+    points.append(_closed("vit", "four_frontends", "classify", 256, throughput_rps=14_000.0))
+    points.append(
+        _closed("translator", "eight_frontends", "translate_stream", 128, tokens_per_s=56_000.0)
+    )
+    goals = _gpu_goals(points, offline)
+    vit = goals["vit_images_per_s_c256[best_workers]"]
+    assert (vit["variant"], vit["measured"], vit["passed"]) == ("four_frontends", 14_000.0, True)
+    assert goals["vit_images_per_s_c256[four_frontends]"]["measured"] == 14_000.0
+    streams = goals["translator_served_vs_offline_c128[best_workers]"]
+    assert streams["variant"] == "eight_frontends"
+    assert streams["measured"] == pytest.approx(56_000 / 64_000, abs=1e-4)
+    assert "4 or 8" in streams["goal"]
+
+
+def test_wide_frontend_setups_need_two_cpus_per_frontend() -> None:
+    base = ("batching", "two_frontends", "instances")
+    assert gpu_goal_loads(2)["setups"] == gpu_goal_loads(7)["setups"] == base
+    assert gpu_goal_loads(8)["setups"] == (*base, "four_frontends")
+    assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", "eight_frontends")
+    assert machine_setups(SETUPS, 2) == SETUPS[:-2] and machine_setups(SETUPS, 64) == SETUPS
+    assert ServeSettings().setups == machine_setups(SETUPS)
 
 
 def test_a_cpu_run_has_no_gpu_goals() -> None:
