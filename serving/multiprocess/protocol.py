@@ -22,6 +22,7 @@ Times are ``time.monotonic()`` values: the clock is shared by every process of o
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,7 +109,7 @@ def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
         raise ProtocolError(f"bad array spec {spec!r}") from err
     if dtype.hasobject or len(shape) > MAX_ARRAY_DIMS or any(n < 0 for n in shape):
         raise ProtocolError(f"unsupported array spec {spec!r}")
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(memoryview(frame)):
+    if math.prod(shape) * dtype.itemsize != len(memoryview(frame)):  # exact (Python ints)
         raise ProtocolError(f"{len(memoryview(frame))} bytes do not hold {spec!r}")
     return np.frombuffer(frame, dtype=dtype).reshape(shape)
 
