@@ -1,0 +1,29 @@
+"""``python -m benchmarks.engine_floor --tiny``: a real engine process (EngineServer and a
+DynamicBatcher whose batch function does no work) driven through the frontend's EngineClient;
+every request answered, the figures consistent with each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("msgpack")
+
+from benchmarks.engine_floor import main
+
+
+def test_the_floor_answers_every_request_and_times_the_engine(tmp_path: Path) -> None:
+    assert main(["--tiny", "--concurrency", "1", "8", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("engine-floor-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert result["kind"] == "engine-floor" and result["machine"]["logical_cpus"] >= 1
+    one, eight = result["points"]
+    assert (one["concurrency"], eight["concurrency"]) == (1, 8)
+    for point in (one, eight):
+        assert point["requests"] > 10 and point["requests_per_s"] > 0
+        assert 0 < point["p50_ms"] <= point["p99_ms"]
+        assert point["engine_cpu_us_per_request"] > 0
+        bound = 1e6 / point["engine_cpu_us_per_request"]
+        assert point["engine_bound_requests_per_s"] == pytest.approx(bound, rel=0.01)
