@@ -104,10 +104,14 @@ class MessageConnection(asyncio.Protocol):
 
     def send(self, frames: Sequence[bytes | memoryview]) -> bool:
         """Queue a message; False when the connection is closed (the message is dropped)."""
+        return self.send_many([frames])
+
+    def send_many(self, messages: Sequence[Sequence[bytes | memoryview]]) -> bool:
+        """Queue several messages in one write; False when the connection is closed."""
         if not self.open:
             return False
         assert self._transport is not None
-        self._transport.writelines(pack(frames))
+        self._transport.writelines([piece for frames in messages for piece in pack(frames)])
         return True
 
     def close(self) -> None:
