@@ -22,8 +22,10 @@ SUMMARY_CONCURRENCY = (1, 8, 32, 64)
 
 
 def latest(results: Path, kind: str, include_tiny: bool = False) -> Path | None:
-    """The newest KIND-<run id>.json in ``results`` (full runs before tiny ones)."""
-    files = sorted(Path(results).glob(f"{kind}-*.json"))
+    """The newest KIND-<run id>.json in ``results`` (full runs before tiny ones); other files
+    whose names start with KIND- (``engine-`` of another benchmark) are not runs of KIND."""
+    run = re.compile(rf"{re.escape(kind)}-\d{{8}}T\d{{6}}Z(-tiny)?")
+    files = sorted(p for p in Path(results).glob(f"{kind}-*.json") if run.fullmatch(p.stem))
     full = [p for p in files if not p.stem.endswith("-tiny")]
     tiny = [p for p in files if p.stem.endswith("-tiny")]
     if include_tiny:

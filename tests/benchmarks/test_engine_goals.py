@@ -105,3 +105,15 @@ def test_the_report_judges_committed_engine_results() -> None:
         assert all(g["name"] in lines for g in goals)
         judged += bool(goals)
     assert judged >= len(committed) - 1  # one committed run measured only the KV-cache variant
+
+
+def test_the_latest_engine_run_is_not_another_benchmark_s_file(tmp_path: Path) -> None:
+    """``transport-floor-*`` or a future ``engine-floor-*`` file sorts after ``engine-2026...``;
+    the report's latest engine run skips what is not ``engine-<run id>``."""
+    from benchmarks.report import latest
+
+    for name in ("engine-20261123T223901Z", "engine-floor-20261126T045434Z", "engine-x"):
+        (tmp_path / f"{name}.json").write_text("{}")
+    assert latest(tmp_path, "engine") == tmp_path / "engine-20261123T223901Z.json"
+    (tmp_path / "engine-20261124T000000Z-tiny.json").write_text("{}")
+    assert latest(tmp_path, "engine", include_tiny=True).name.endswith("000000Z-tiny.json")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.engine_floor --tiny``: a real engine process (EngineServer and a
+"""``python -m benchmarks.transport_floor --tiny``: a real engine process (EngineServer and a
 DynamicBatcher whose batch function does no work) driven through the frontend's EngineClient;
 every request answered, the figures consistent with each other."""
 
@@ -11,14 +11,14 @@ import pytest
 
 pytest.importorskip("msgpack")
 
-from benchmarks.engine_floor import main
+from benchmarks.transport_floor import main
 
 
 def test_the_floor_answers_every_request_and_times_the_engine(tmp_path: Path) -> None:
     assert main(["--tiny", "--concurrency", "1", "8", "--out", str(tmp_path)]) == 0
-    (path,) = tmp_path.glob("engine-floor-*-tiny.json")
+    (path,) = tmp_path.glob("transport-floor-*-tiny.json")
     result = json.loads(path.read_text())
-    assert result["kind"] == "engine-floor" and result["machine"]["logical_cpus"] >= 1
+    assert result["kind"] == "transport-floor" and result["machine"]["logical_cpus"] >= 1
     one, eight = result["points"]
     assert (one["concurrency"], eight["concurrency"]) == (1, 8)
     for point in (one, eight):

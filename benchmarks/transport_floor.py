@@ -1,6 +1,6 @@
 """The engine process's floor: how many classifications per second its event loop can take.
 
-    python -m benchmarks.engine_floor [--concurrency 1 32 256] [--duration 3] [--out DIR]
+    python -m benchmarks.transport_floor [--concurrency 1 32 256] [--duration 3] [--out DIR]
 
 With ``--frontend-workers N`` every request a frontend admits crosses the Unix socket to the one
 engine process, whose event loop decodes it, queues it in the model's dynamic batcher, and sends
@@ -10,7 +10,7 @@ runs the real ``EngineServer`` with a real ``DynamicBatcher`` (max batch 256, no
 whose batch function returns at once, and this process drives it through the real
 ``EngineClient`` / ``RemoteBatcher`` (what a frontend runs) with ``--concurrency`` concurrent
 32 × 32 RGB float32 images (the shipped ViT's input), closed loop, for ``--duration`` seconds
-after a warm-up. Writes ``benchmarks/results/engine-floor-*.json``: per concurrency, requests/s,
+after a warm-up. Writes ``benchmarks/results/transport-floor-*.json``: per concurrency, requests/s,
 p50 / p99 latency, and the CPU time the engine process and this client process spent per
 request (the engine's is what bounds requests/s per engine process: 1 s over it).
 """
@@ -148,7 +148,7 @@ def measure(concurrency: list[int], duration: float, warmup: float) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_floor")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transport_floor")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each point")
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
     points = measure(args.concurrency, duration, warmup)
     result = {
-        "schema": "attnserve-engine-floor/1",
-        "kind": "engine-floor",
+        "schema": "attnserve-transport-floor/1",
+        "kind": "transport-floor",
         "tiny": args.tiny,
         "duration_s": duration,
         "max_batch_size": MAX_BATCH,
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_metadata("cpu"),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"engine-floor-{timestamp()}{'-tiny' if args.tiny else ''}.json"
+    path = args.out / f"transport-floor-{timestamp()}{'-tiny' if args.tiny else ''}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     for point in points:
         print(json.dumps(point))
