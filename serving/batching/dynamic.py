@@ -222,7 +222,7 @@ class DynamicBatcher(Generic[T, R]):
         self._queue_changed()
         self._wakeup.set()
         # The deadline is a timer that fails the future, not asyncio.wait (a waiter, a callback
-        # and a timer per request: a tenth of the engine process's time per classification).
+        # and a timer per request: about 6% of the engine process's time per classification).
         timer = None
         if deadline is not None:
             timer = loop.call_later(deadline - now, self._expire, pending, deadline - now)
