@@ -79,3 +79,45 @@ def test_messages_cross_a_unix_socket_in_order_and_a_close_is_reported(tmp_path:
     assert lost
     assert [m[0] for m in received] == [f"message {i}".encode() for i in range(50)]
     assert all(len(m[1]) == (1 << 20 if i % 10 == 0 else 0) for i, m in enumerate(received))
+
+
+def test_an_engine_client_writes_one_loop_turn_s_messages_at_once_in_order(tmp_path: Path) -> None:
+    """``EngineClient.send`` queues; the messages of one event-loop turn leave in one write
+    (``send_many``) and arrive in the order they were sent."""
+    from serving.multiprocess.protocol import decode
+    from serving.multiprocess.remote import EngineClient
+
+    async def main() -> tuple[list[int], list[int]]:
+        ids: list[int] = []
+        loop = asyncio.get_running_loop()
+
+        def accept() -> MessageConnection:
+            return MessageConnection(lambda f: ids.append(decode(f)[0]["id"]), lambda: None)
+
+        server = await loop.create_unix_server(accept, str(tmp_path / "e.sock"))
+        client = EngineClient(str(tmp_path / "e.sock"))
+        await client.start()
+        assert client._connection is not None
+        writes: list[int] = []
+        send_many = client._connection.send_many
+
+        def counted(messages):  # type: ignore[no-untyped-def]
+            writes.append(len(messages))
+            return send_many(messages)
+
+        client._connection.send_many = counted  # type: ignore[method-assign]
+        for turn in range(3):
+            for i in range(4):
+                client.send({"t": "cancel", "id": 4 * turn + i})
+            await asyncio.sleep(0)  # the end of a loop turn: the outbox is written
+        for _ in range(200):
+            if len(ids) == 12:
+                break
+            await asyncio.sleep(0.01)
+        await client.close()
+        server.close()
+        return ids, writes
+
+    ids, writes = asyncio.run(main())
+    assert ids == list(range(12))
+    assert writes == [4, 4, 4]
