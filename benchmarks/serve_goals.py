@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from benchmarks.serve_settings import (
+    BASE_WORKER_SETUPS,
     FRONTEND_WORKERS,
     GOAL_CONCURRENCY,
     INSTANCES,
@@ -34,7 +35,6 @@ from benchmarks.serve_settings import (
     SETUPS,
     WIDE_FRONTENDS,
 )
-from benchmarks.serve_settings import WORKER_SETUPS as BASE_WORKER_SETUPS
 from benchmarks.serve_setups import BATCHING_EDITS
 
 RETIRED_GOALS = ("vit_c1_images_per_s[batching]", "vit_c1_images_per_s[no_batching]")
@@ -49,14 +49,19 @@ WORKER_SETUPS = {
 WORKERS_TEXT = (
     "1, 2 (or, measured on larger machines, 4 or 8) frontend processes, or 2 engine instances"
 )
-# goal id suffix -> (the setups it needs measured, how the goal names them); the best also comes
-# from the wide-frontend setups when the run measured them
+# goal id suffix -> (the setups it needs measured, those it also takes when measured, how the
+# goal names them)
 BEST_OF = {
     "best_frontend_workers": (
         ("batching", "two_frontends"),
+        (),
         "the better frontend_workers (1 or 2)",
     ),
-    "best_workers": (BASE_WORKER_SETUPS, f"the best workers ({WORKERS_TEXT})"),
+    "best_workers": (
+        BASE_WORKER_SETUPS,
+        tuple(WIDE_FRONTENDS),
+        f"the best workers ({WORKERS_TEXT})",
+    ),
 }
 OVERHEAD_MS = 1.0  # goal: per-request gRPC + scheduling overhead <= 1 ms p50
 
@@ -205,12 +210,11 @@ def served_vs_offline_goal(
 
 def best_workers_goal(served_goals: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     """Goal ``[name]`` of ``BEST_OF``: the best of its setups' served / offline fractions; None
-    when the run did not measure them all."""
-    setups, which = BEST_OF[name]
-    if not set(setups) <= {g["variant"] for g in served_goals}:
+    when the run did not measure all of the setups it needs."""
+    needed, optional, which = BEST_OF[name]
+    if not set(needed) <= {g["variant"] for g in served_goals}:
         return None
-    candidates = (*setups, *WIDE_FRONTENDS) if name == "best_workers" else setups
-    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in candidates}
+    by_setup = {g["variant"]: g for g in served_goals if g["variant"] in (*needed, *optional)}
     measured = {s: g["measured"] for s, g in by_setup.items() if g["measured"] is not None}
     setup = max(measured, key=measured.__getitem__) if measured else None
     workers, instances = WORKER_SETUPS[setup] if setup else (None, None)
