@@ -94,6 +94,12 @@ def library_versions() -> dict[str, str | None]:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             versions[package] = None
+    if versions.get("onnxruntime") or versions.get("onnxruntime-gpu"):
+        # the module that runs: where onnxruntime and onnxruntime-gpu are both installed, the
+        # one first on the path shadows the other, whatever the metadata says
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
     return versions
 
 

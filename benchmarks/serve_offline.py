@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 
 from benchmarks.attnserve_runner import fixed_greedy
 from benchmarks.serve_settings import GOAL_CONCURRENCY, GPU_VIT_CLIENTS, ServeSettings
-from benchmarks.serve_setups import BATCHING_EDITS, with_server_onnxruntime
+from benchmarks.serve_setups import BATCHING_EDITS, CUDA_BATCHING_EDITS, with_server_onnxruntime
 
 
 def measure_offline(
@@ -39,13 +40,25 @@ def measure_offline(
     return figures
 
 
+def served_config(entry: Path, threads: int, device: str) -> Any:
+    """``entry``'s config as the setups' servers run it: their ONNX Runtime threads and providers
+    and, on CUDA, their GPU batching (cache rows for the largest offline batch)."""
+    from contract.repository import read_model_config
+
+    config = with_server_onnxruntime(read_model_config(entry), threads, device)
+    if device == "cuda":
+        edits = CUDA_BATCHING_EDITS.get(entry.name, {})
+        config = replace(config, batching=replace(config.batching, **edits))
+    return config
+
+
 def served_model(entry: Path, threads: int, device: str) -> Any:
     """The served model of ``entry`` with the server's ONNX Runtime settings (not started)."""
-    from contract.repository import read_model_config, resolve_version
+    from contract.repository import resolve_version
     from serving.repository import make_backend
     from serving.served import serve
 
-    config = with_server_onnxruntime(read_model_config(entry), threads, device)
+    config = served_config(entry, threads, device)
     version_dir = resolve_version(entry)
     return serve(config, version_dir, make_backend(config, version_dir))
 

@@ -19,6 +19,7 @@ from benchmarks.attnserve_runner import execution_providers
 from benchmarks.output import log
 from benchmarks.serve_settings import (
     FRONTEND_WORKERS,
+    GPU_VIT_CLIENTS,
     INSTANCES,
     MODELS,
     ONNXRUNTIME_EDITS,
@@ -45,6 +46,17 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     "spinning": {"translator": {}, "vit": {}},  # batching's, with ONNXRUNTIME_EDITS["spinning"]
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
+}
+# On CUDA, under every setup's own edits: a GPU deployment's batching, sized for the largest load
+# (256 clients): as many cache rows as streams (the shipped config's 64 would cap 128 streams at
+# 64 decoding), 64 joins per step, and queues that hold every client four times over.
+CUDA_BATCHING_EDITS: dict[str, dict[str, Any]] = {
+    "translator": {
+        "max_active_sequences": GPU_VIT_CLIENTS,
+        "max_batch_size": 64,
+        "max_queue_size": 4 * GPU_VIT_CLIENTS,
+    },
+    "vit": {"max_queue_size": 4 * GPU_VIT_CLIENTS},
 }
 
 
@@ -91,6 +103,8 @@ def setup_repository(
         edits = BATCHING_EDITS[setup].get(model)
         if edits is None:
             continue
+        if device == "cuda":
+            edits = {**CUDA_BATCHING_EDITS[model], **edits}
         engine_threads = max(1, threads // edits.get("instances", 1))
         runtime = ONNXRUNTIME_EDITS.get(setup, {})
         config = _write_entry(

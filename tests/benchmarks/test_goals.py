@@ -341,6 +341,32 @@ def test_wide_frontend_setups_serve_batching_s_models_from_more_processes(
         assert read_model_config(four / model) == read_model_config(plain / model)
 
 
+def test_on_cuda_the_setups_size_batching_for_the_largest_load(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """On CUDA every setup's translator has a cache row per stream of the largest load, and
+    both models' queues hold it; a setup's own edits still win (no_batching stays at one)."""
+    from benchmarks.serve_offline import served_config
+    from benchmarks.serve_settings import GPU_VIT_CLIENTS
+    from benchmarks.serve_setups import setup_repository
+    from contract.repository import read_model_config
+
+    models = ("translator", "vit")
+    cuda, variants = setup_repository(tiny_repository, "batching", models, 2, "cuda", tmp_path)
+    translator = read_model_config(cuda / "translator").batching
+    assert translator.max_active_sequences == GPU_VIT_CLIENTS
+    assert translator.max_queue_size >= 2 * GPU_VIT_CLIENTS
+    assert read_model_config(cuda / "vit").batching.max_queue_size >= 2 * GPU_VIT_CLIENTS
+    assert variants[0]["onnxruntime"]["execution_providers"][0] == "CUDAExecutionProvider"
+    cpu, _ = setup_repository(tiny_repository, "batching", models, 2, "cpu", tmp_path / "cpu")
+    assert read_model_config(cpu / "translator").batching.max_active_sequences < GPU_VIT_CLIENTS
+    single, _ = setup_repository(tiny_repository, "no_batching", models, 2, "cuda", tmp_path / "1")
+    assert read_model_config(single / "translator").batching.max_active_sequences == 1
+    # the offline references decode up to the largest batch with the servers' CUDA batching
+    offline = served_config(tiny_repository / "translator", 2, "cuda").batching
+    assert offline.max_active_sequences == translator.max_active_sequences
+
+
 def test_the_spinning_setup_bounds_the_spin_of_batching_s_models(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
