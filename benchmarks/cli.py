@@ -185,6 +185,11 @@ def _report_parser(commands: Any) -> None:
         action="store_true",
         help="also consider --tiny results (otherwise only when no full result exists)",
     )
+    report.add_argument(
+        "--section",
+        help="splice between the README's markers of this section instead of the main ones, "
+        "e.g. gpu: <!-- attnserve bench report (gpu): begin ... -->",
+    )
     report.set_defaults(handler=run_report)
 
 
@@ -283,7 +288,11 @@ def run_report(args: argparse.Namespace) -> int:
     path = write_report(args.results, out, include_tiny=args.include_tiny)
     print(path)
     if args.readme is not None:
-        print(update_readme(args.results, args.readme, include_tiny=args.include_tiny))
+        print(
+            update_readme(
+                args.results, args.readme, include_tiny=args.include_tiny, section=args.section
+            )
+        )
     return 0
 
 

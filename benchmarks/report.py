@@ -418,8 +418,22 @@ README_BEGIN = "<!-- attnserve bench report: begin (generated; edit the JSON, no
 README_END = "<!-- attnserve bench report: end -->"
 
 
-def update_readme(results: Path, readme: Path, include_tiny: bool = False) -> Path:
-    """Replace the text between the README's bench-report markers with the latest tables.
+def readme_markers(section: str | None = None) -> tuple[str, str]:
+    """The README's begin and end markers of the tables of ``section`` (None: the main ones;
+    e.g. ``gpu`` for those of benchmarks/results/gpu)."""
+    if section is None:
+        return README_BEGIN, README_END
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", section):
+        raise BenchError(f"--section {section!r}: use lowercase letters, digits, '-' and '_'")
+    label = f"attnserve bench report ({section})"
+    return f"<!-- {label}: begin (generated; edit the JSON, not this) -->", f"<!-- {label}: end -->"
+
+
+def update_readme(
+    results: Path, readme: Path, include_tiny: bool = False, section: str | None = None
+) -> Path:
+    """Replace the text between the README's bench-report markers (``section``'s, see
+    ``readme_markers``) with the latest tables of ``results``.
 
     Plot links are rewritten relative to the README. The section's own heading is dropped: the
     README keeps its heading above the markers.
@@ -427,16 +441,17 @@ def update_readme(results: Path, readme: Path, include_tiny: bool = False) -> Pa
     Raises:
         BenchError: the README lacks the markers, or there are no results.
     """
+    begin, end = readme_markers(section)
     text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
+    if begin not in text or end not in text:
         raise BenchError(
             f"{readme} has no bench-report markers; put these two lines where the tables go:\n"
-            f"{README_BEGIN}\n{README_END}"
+            f"{begin}\n{end}"
         )
     prefix = os.path.relpath(results.resolve(), readme.resolve().parent)
     body = render(results, include_tiny).split("\n", 2)[2]  # without "## Benchmark results"
     body = re.sub(r"!\[([^\]]*)\]\(([^)/]+)\)", lambda m: f"![{m[1]}]({prefix}/{m[2]})", body)
-    head, rest = text.split(README_BEGIN, 1)
-    _, tail = rest.split(README_END, 1)
-    readme.write_text(f"{head}{README_BEGIN}\n{body}{README_END}{tail}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{body}{end}{tail}")
     return readme

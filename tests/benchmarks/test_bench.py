@@ -232,6 +232,26 @@ def test_report_splices_the_readme(engine_json: Path, serve_json: Path, tmp_path
         bench("report", "--results", str(engine_json.parent), "--readme", str(readme))
 
 
+def test_report_splices_a_section_between_its_own_markers(
+    engine_json: Path, serve_json: Path, tmp_path: Path
+) -> None:
+    """--section gpu writes between the gpu markers and leaves the main tables alone."""
+    from benchmarks.report import README_BEGIN, README_END, readme_markers
+
+    begin, end = readme_markers("gpu")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_BEGIN}\nmain\n{README_END}\n\n{begin}\nold gpu\n{end}\n")
+    args = ("report", "--results", str(engine_json.parent), "--readme", str(readme))
+    bench(*args, "--section", "gpu")
+    text = readme.read_text()
+    assert f"{README_BEGIN}\nmain\n{README_END}" in text and "old gpu" not in text
+    assert text.index("| attnserve ONNX Runtime fp32 |") > text.index(begin)
+    with pytest.raises(schema.BenchError, match="markers"):
+        bench(*args, "--section", "other")
+    with pytest.raises(schema.BenchError, match="lowercase"):
+        bench(*args, "--section", "GPU tables")
+
+
 def test_schema_rejects_malformed_results(engine_json: Path, serve_json: Path) -> None:
     engine = json.loads(engine_json.read_text())
     serve = json.loads(serve_json.read_text())
