@@ -17,6 +17,7 @@ other requests share the batch.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,9 +41,12 @@ from serving.engine.requests import (
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
-from serving.generation.sampling import RowSampler
+from serving.generation.sampling import RowSampler, greedy_rows
 from serving.metrics import ServingMetrics
 from serving.seq2seq import Encoded, Seq2SeqRunner
+
+# greedy rows from which the step chooses their tokens in one numpy pass (``greedy_rows``)
+GREEDY_PASS_ROWS = 4
 
 
 class _Sequence:
@@ -58,6 +62,9 @@ class _Sequence:
         self.last_token_time: float | None = None
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
+        # greedy (one row, temperature 0): chosen with the step's other greedy rows in one pass
+        self.greedy = False
+        self.forced_eos_at = -1
         if self.options.beam_size > 1:
             self.beam = BeamSearch(
                 beam_size=self.options.beam_size,
@@ -77,6 +84,8 @@ class _Sequence:
                 suppress_ids=spec.suppress_ids,
                 forced_eos_at=last if spec.forced_eos else None,
             )
+            self.greedy = self.options.temperature == 0 and request.rows == 1
+            self.forced_eos_at = last if spec.forced_eos else -1
         self.next_inputs = np.full(request.rows, spec.decoder_start_id, dtype=np.int64)
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
         self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
@@ -141,6 +150,9 @@ class InFlightEngine:
         self.instance = instance
         self.gauge_board = gauge_board
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
+        self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
+        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -318,41 +330,63 @@ class InFlightEngine:
 
     def _step(self) -> None:
         started = self.clock()
-        rows = np.concatenate([seq.rows for seq in self.sequences])
-        input_ids = np.concatenate([seq.next_inputs for seq in self.sequences])
-        positions = np.concatenate(
-            [np.full(len(seq.rows), seq.generated, dtype=np.int64) for seq in self.sequences]
-        )
-        logits = self.cache.step(rows, input_ids, positions)
+        sequences = self.sequences
+        counts = [len(seq.rows) for seq in sequences]
+        done = np.array([seq.generated for seq in sequences], dtype=np.int64)
+        rows = np.concatenate([seq.rows for seq in sequences])
+        input_ids = np.concatenate([seq.next_inputs for seq in sequences])
+        logits = self.cache.step(rows, input_ids, np.repeat(done, counts))
         self.steps += 1
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(rows), stage="decoder_step")
+        offsets = list(itertools.accumulate(counts, initial=0))
+        greedy = self._greedy_tokens(sequences, logits, offsets, done)
         finished: list[_Sequence] = []
-        first = 0
-        for seq in self.sequences:
-            count = len(seq.rows)
-            if self._advance(seq, logits[first : first + count], now):
+        for index, seq in enumerate(sequences):
+            first = offsets[index]
+            if seq.beam is not None:
+                if self._advance_beam(seq, logits[first : first + counts[index]], now):
+                    finished.append(seq)
+                else:  # new beam i continues old beam parents[i]
+                    self.cache.reorder(seq.rows, seq.rows[seq.parents])
+                continue
+            token = greedy.get(index, -1)
+            if token < 0:  # sampling, or a greedy row its sampler must decide
+                assert seq.sampler is not None
+                token = seq.sampler.choose(logits[first], seq.generated)
+            if self._advance(seq, token, now):
                 finished.append(seq)
-            elif seq.beam is not None:  # new beam i continues old beam parents[i]
-                self.cache.reorder(seq.rows, seq.rows[seq.parents])
-            first += count
+        self._count_new_tokens()
         if finished:
             self._remove(finished)
 
-    def _advance(self, seq: _Sequence, logits: np.ndarray, now: float) -> bool:
-        """Choose the sequence's next token(s); True when the sequence is finished."""
+    def _greedy_tokens(
+        self,
+        sequences: list[_Sequence],
+        logits: np.ndarray,
+        offsets: list[int],
+        done: np.ndarray,
+    ) -> dict[int, int]:
+        """The greedy sequences' tokens in one pass (``greedy_rows``), by index in ``sequences``;
+        -1 where the sequence's sampler must decide. Below ``GREEDY_PASS_ROWS`` greedy rows each
+        sampler decides (one pass costs more than a few rows' own argmax)."""
+        picked = [i for i, seq in enumerate(sequences) if seq.greedy]
+        if len(picked) < GREEDY_PASS_ROWS:
+            return {}
+        chosen = greedy_rows(
+            logits[[offsets[i] for i in picked]],
+            done[picked],
+            np.array([sequences[i].options.min_new_tokens for i in picked]),
+            self.spec.eos_id,
+            self._suppress,
+            np.array([sequences[i].forced_eos_at for i in picked]),
+        )
+        return dict(zip(picked, chosen.tolist(), strict=True))
+
+    def _advance(self, seq: _Sequence, token: int, now: float) -> bool:
+        """Record the sequence's next token; True when the sequence is finished."""
         seq.generated += 1
-        if seq.beam is not None:
-            parents, tokens = seq.beam.step(logits)
-            seq.parents = np.asarray(parents, dtype=np.int64)
-            seq.next_inputs = np.asarray(tokens, dtype=np.int64)
-            self._count_token(seq, now)
-            if seq.beam.done or seq.generated >= self._position_limit(seq):
-                return self._finish_beam(seq)
-            return False
-        assert seq.sampler is not None
-        token = seq.sampler.choose(logits[0], seq.generated - 1)
         self._count_token(seq, now)
         if token == self.spec.eos_id:
             return self._finish(seq, "stop")
@@ -361,6 +395,18 @@ class InFlightEngine:
         self._outbox.post(seq.request, TokenEvent(token, len(seq.tokens) - 1))
         if len(seq.tokens) >= seq.max_new or seq.generated >= self._position_limit(seq):
             return self._finish(seq, "length")
+        return False
+
+    def _advance_beam(self, seq: _Sequence, logits: np.ndarray, now: float) -> bool:
+        """Advance the sequence's beams; True when the sequence is finished."""
+        assert seq.beam is not None
+        seq.generated += 1
+        parents, tokens = seq.beam.step(logits)
+        seq.parents = np.asarray(parents, dtype=np.int64)
+        seq.next_inputs = np.asarray(tokens, dtype=np.int64)
+        self._count_token(seq, now)
+        if seq.beam.done or seq.generated >= self._position_limit(seq):
+            return self._finish_beam(seq)
         return False
 
     def _position_limit(self, seq: _Sequence) -> int:
@@ -373,8 +419,12 @@ class InFlightEngine:
         else:
             self._observe("time_per_output_token", now - seq.last_token_time)
         seq.last_token_time = now
-        if self.metrics is not None:
-            self.metrics.generated_tokens.labels(self.name).inc()
+        self._new_tokens += 1
+
+    def _count_new_tokens(self) -> None:
+        if self._new_tokens and self.metrics is not None:
+            self._child("generated_tokens").inc(self._new_tokens)
+        self._new_tokens = 0
 
     def _finish(self, seq: _Sequence, reason: str) -> bool:
         self._outbox.post(
@@ -423,9 +473,20 @@ class InFlightEngine:
         self._gauges()
 
     # --- metrics --------------------------------------------------------------------------------
-    def _observe(self, metric: str, value: float, **labels: Any) -> None:
+    def _observe(self, metric: str, value: float, **labels: str) -> None:
         if self.metrics is not None:
-            getattr(self.metrics, metric).labels(model=self.name, **labels).observe(value)
+            self._child(metric, **labels).observe(value)
+
+    def _child(self, metric: str, **labels: str) -> Any:
+        """The metric's child for this model and ``labels``, looked up once (``labels()`` costs
+        more than the observation itself, and the decode loop observes per token)."""
+        key = (metric, tuple(labels.items()))
+        child = self._children.get(key)
+        if child is None:
+            assert self.metrics is not None
+            child = getattr(self.metrics, metric).labels(model=self.name, **labels)
+            self._children[key] = child
+        return child
 
     def _gauge_queue(self) -> None:
         if self.metrics is not None:
@@ -442,7 +503,7 @@ class InFlightEngine:
     def _set(self, gauge: str, value: float) -> None:
         if self.gauge_board is not None:  # the model's value: all its instances together
             value = self.gauge_board.update(self.instance, gauge, value)
-        getattr(self.metrics, gauge).labels(self.name).set(value)
+        self._child(gauge).set(value)
 
 
 def _deadline_error(name: str) -> DeadlineExceeded:

@@ -252,6 +252,39 @@ class RowSampler:
         return token
 
 
+def greedy_rows(
+    logits: np.ndarray,
+    generated: np.ndarray,
+    min_new_tokens: np.ndarray,
+    eos_id: int,
+    suppress: np.ndarray,
+    forced_eos_at: np.ndarray,
+) -> np.ndarray:
+    """Greedy tokens of many rows in one pass: what ``RowSampler.choose`` returns for each row
+    whose temperature is 0, or -1 where it must decide (a NaN winner, a suppressed token, an EOS
+    before ``min_new_tokens``).
+
+    Args:
+        logits: (N, V) one row per sequence.
+        generated: (N,) tokens each sequence generated before this one.
+        min_new_tokens: (N,) each sequence's ``min_new_tokens``.
+        eos_id: the end-of-sequence token (0 <= eos_id < V).
+        suppress: token ids never chosen (``RowSampler.suppress``).
+        forced_eos_at: (N,) the ``generated`` at which EOS is forced, -1 for never.
+
+    Returns:
+        (N,) int64: the token, or -1 for ``RowSampler.choose`` to decide.
+    """
+    tokens = np.argmax(logits, axis=1)  # lowest id on ties, the first +inf, as per row
+    best = logits[np.arange(len(tokens)), tokens]
+    undecided = np.isnan(best) | ((tokens == eos_id) & (generated < min_new_tokens))
+    if suppress.size:
+        undecided |= np.isin(tokens, suppress)
+    tokens = np.where(best == -np.inf, eos_id, tokens)  # every logit -inf: end the sequence
+    tokens = np.where(undecided, -1, tokens)
+    return np.where(generated == forced_eos_at, eos_id, tokens).astype(np.int64)
+
+
 def _check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:
     if not (np.isfinite(temperature) and temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
         raise ValueError(

@@ -398,3 +398,55 @@ def test_choose_returns_an_allowed_token(
         assert values[token] == values.max()
     elif 0 < options.top_k < row.size:
         assert values[token] >= np.sort(values)[-options.top_k]  # within the top-k (ties kept)
+
+
+@st.composite
+def greedy_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple, np.ndarray]:
+    """Rows of logits with ties, NaN, +-inf, and per-row generated / min_new_tokens / forced EOS."""
+    vocab = draw(st.integers(2, 12))
+    n = draw(st.integers(1, 8))
+    values = st.one_of(
+        st.sampled_from([0.0, 1.0, -np.inf, np.inf, np.nan]), st.floats(-5, 5, width=32)
+    )
+    dtype = draw(st.sampled_from([np.float32, np.float16]))
+    logits = draw(hnp.arrays(dtype, (n, vocab), elements=values))
+    eos_id = draw(st.integers(0, vocab - 1))
+    suppress = tuple(draw(st.sets(st.integers(0, vocab - 1), max_size=3)))
+    generated = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)))
+    min_new = np.array(draw(st.lists(st.integers(0, 4), min_size=n, max_size=n)))
+    forced = np.array(draw(st.lists(st.integers(-1, 6), min_size=n, max_size=n)))
+    return logits, generated, min_new, eos_id, suppress, forced
+
+
+@settings(max_examples=400, deadline=None)
+@given(greedy_batches())
+def test_greedy_rows_choose_what_each_row_s_sampler_chooses(
+    case: tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple, np.ndarray],
+) -> None:
+    """The engine's one-pass greedy choice: every row it decides gets the token its own
+    RowSampler would choose; it defers only rows whose winner is NaN, suppressed, or an EOS
+    before min_new_tokens."""
+    from serving.generation.sampling import greedy_rows
+
+    logits, generated, min_new, eos_id, suppress, forced = case
+    samplers = [
+        RowSampler(
+            DecodingOptions(temperature=0.0, min_new_tokens=int(m)),
+            eos_id=eos_id,
+            suppress_ids=suppress,
+            forced_eos_at=None if f < 0 else int(f),
+        )
+        for m, f in zip(min_new, forced, strict=True)
+    ]
+    chosen = greedy_rows(logits, generated, min_new, eos_id, samplers[0].suppress, forced)
+    for row, token, sampler, done in zip(logits, chosen, samplers, generated, strict=True):
+        expected = sampler.choose(row, int(done))
+        if token >= 0:
+            assert token == expected
+        else:
+            winner = int(np.argmax(row))
+            assert (
+                np.isnan(row[winner])
+                or winner in suppress
+                or (winner == eos_id and done < sampler.options.min_new_tokens)
+            )
