@@ -1,0 +1,175 @@
+"""The in-flight engine's own ceiling: decode steps per second when the model costs nothing.
+
+    python -m benchmarks.engine_loop [--streams 1 32 128 256] [--duration 3] [--repository R]
+
+On a GPU a decode step of the shipped translator takes about 1.2 ms at batch 128 (2026-11-26,
+H200), so what the engine does in Python for every row of every step (choose the token, count
+it, hand it to the caller's event loop) decides how close served decoding gets to the model's
+offline rate. This measures that work alone: a real ``InFlightEngine`` over the translator's
+real in-place cache (rows, widths, re-layouts, cross keys written by the real graphs) whose
+decoder step returns precomputed logits at once. ``--streams`` clients in this process's event
+loop each decode 64-token greedy requests one after another (closed loop, exactly 64 tokens:
+EOS never wins), for ``--duration`` seconds after a warm-up.
+
+Writes ``benchmarks/results/engine-loop-*.json``: per stream count, new tokens/s, decode steps/s,
+rows per step, and wall time per step and per row-step with the encoder's time (real, on this
+machine's CPU) taken out, i.e. the ceiling the engine and its callers' event loop put on a model
+whose step costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.machine import machine_metadata
+from benchmarks.marian import default_cache
+from benchmarks.output import timestamp
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+NEW_TOKENS = 64
+SOURCE = [5, 17, 42, 8, 99, 23, 61, 7, 30, 12, 3]  # 11 token ids, as the serve benchmark's text
+
+
+class _Timed:
+    """Wraps a callable, summing the seconds spent in it."""
+
+    def __init__(self, function: Any) -> None:
+        self.function, self.seconds = function, 0.0
+
+    def __call__(self, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.function(*args)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed, _Timed]:
+    """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
+    logits in which EOS never wins; and the timed encoder and decoder step."""
+    from contract.repository import read_model_config, resolve_version
+    from serving.metrics import ServingMetrics
+    from serving.repository import make_backend
+    from serving.served.generator import local_engine
+
+    config = read_model_config(entry)
+    batching = replace(
+        config.batching, max_active_sequences=rows, max_batch_size=rows, max_queue_size=4 * rows
+    )
+    limits = replace(config.limits, max_new_tokens=NEW_TOKENS)
+    config = replace(config, batching=batching, limits=limits)
+    engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
+    spec = config.decoder
+    logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
+    logits = logits.astype(np.float32)
+    logits[:, :, spec.eos_id] = -1e9
+
+    def step(input_ids: np.ndarray, *_: Any) -> np.ndarray:
+        return logits[: len(input_ids), 0]
+
+    decoder = engine.cache.decoder
+    decoder.step = _Timed(step)
+    engine.runner.encode = _Timed(engine.runner.encode)
+    return engine, engine.runner.encode, decoder.step
+
+
+async def _client(engine: Any, until: float, counts: list[int]) -> None:
+    from serving.engine.requests import GenerationRequest, TokenEvent
+    from serving.generation.options import DecodingOptions
+
+    options = DecodingOptions(max_new_tokens=NEW_TOKENS)
+    while time.perf_counter() < until:
+        request = GenerationRequest(options=options, source_ids=np.array(SOURCE, dtype=np.int64))
+        async for chunk in engine.generate_chunks(request):
+            counts[0] += sum(isinstance(event, TokenEvent) for event in chunk)
+        counts[1] += 1
+
+
+async def _point(
+    engine: Any, encode: _Timed, step: _Timed, streams: int, duration: float, warmup: float
+) -> dict[str, Any]:
+    counts = [0, 0]  # tokens, requests
+    until = time.perf_counter() + warmup
+    await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
+    counts[:], encode.seconds, step.seconds = [0, 0], 0.0, 0.0
+    steps = engine.steps
+    started = time.perf_counter()
+    until = started + duration
+    await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
+    wall = time.perf_counter() - started
+    steps = engine.steps - steps
+    busy = wall - encode.seconds  # the encoder is real (this CPU); a GPU's is far cheaper
+    rows = counts[0] / steps if steps else 0.0
+    return {
+        "streams": streams,
+        "tokens": counts[0],
+        "requests": counts[1],
+        "seconds": round(wall, 3),
+        "tokens_per_s": round(counts[0] / wall, 1),
+        "steps_per_s": round(steps / wall, 1),
+        "rows_per_step": round(rows, 2),
+        "encoder_share": round(encode.seconds / wall, 4),
+        "ms_per_step": round(busy / steps * 1e3, 4) if steps else None,
+        "us_per_row_step": round(busy / counts[0] * 1e6, 2) if counts[0] else None,
+        "tokens_per_s_without_encoder": round(counts[0] / busy, 1) if busy > 0 else None,
+    }
+
+
+def measure(entry: Path, streams: list[int], duration: float, warmup: float) -> list[dict]:
+    """One engine with rows for the most streams; each stream count driven in turn."""
+    engine, encode, step = instant_engine(entry, max(streams))
+    engine.start()
+    try:
+        return [asyncio.run(_point(engine, encode, step, n, duration, warmup)) for n in streams]
+    finally:
+        engine.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_loop")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 32, 128, 256])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each point")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        help="exported repository with a translator entry (default: the shipped translator, "
+        "exported into the benchmark cache on first use)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
+    args = parser.parse_args(argv)
+    if args.repository is None:
+        from benchmarks.serve_setups import shipped_repository
+
+        args.repository = shipped_repository(default_cache())
+    duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
+    points = measure(args.repository / "translator", args.streams, duration, warmup)
+    result = {
+        "schema": "attnserve-engine-loop/1",
+        "kind": "engine-loop",
+        "tiny": args.tiny,
+        "duration_s": duration,
+        "new_tokens": NEW_TOKENS,
+        "points": points,
+        "machine": machine_metadata("cpu"),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"engine-loop-{timestamp()}{'-tiny' if args.tiny else ''}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for point in points:
+        print(json.dumps(point))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""``python -m benchmarks.engine_loop --tiny``: the real in-flight engine over the translator's
+in-place cache, its decoder step answering at once; every stream decodes its 64 tokens and the
+figures agree with each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.engine_loop import NEW_TOKENS, main
+
+
+def test_the_engine_loop_decodes_every_stream_and_times_its_steps(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    args = ["--tiny", "--streams", "1", "8", "--repository", str(tiny_repository)]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("engine-loop-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert result["kind"] == "engine-loop" and result["machine"]["logical_cpus"] >= 1
+    one, eight = result["points"]
+    assert (one["streams"], eight["streams"]) == (1, 8)
+    for point in (one, eight):
+        # every request decodes the same length: 64 tokens, or what the model's positions allow
+        per_request, rest = divmod(point["tokens"], point["requests"])
+        assert rest == 0 and 1 < per_request <= NEW_TOKENS
+        assert point["rows_per_step"] <= point["streams"]
+        assert 0 <= point["encoder_share"] < 1
+        per_row = point["ms_per_step"] * 1e3 / point["rows_per_step"]
+        assert point["us_per_row_step"] == pytest.approx(per_row, rel=0.02)
+    assert one["rows_per_step"] == 1.0
+    assert eight["rows_per_step"] > 1.0  # the streams share steps
