@@ -400,8 +400,11 @@ def test_choose_returns_an_allowed_token(
         assert values[token] >= np.sort(values)[-options.top_k]  # within the top-k (ties kept)
 
 
+GreedyBatch = tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple, np.ndarray]
+
+
 @st.composite
-def greedy_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple, np.ndarray]:
+def greedy_batches(draw: st.DrawFn) -> GreedyBatch:
     """Rows of logits with ties, NaN, +-inf, and per-row generated / min_new_tokens / forced EOS."""
     vocab = draw(st.integers(2, 12))
     n = draw(st.integers(1, 8))
@@ -420,9 +423,7 @@ def greedy_batches(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 
 @settings(max_examples=400, deadline=None)
 @given(greedy_batches())
-def test_greedy_rows_choose_what_each_row_s_sampler_chooses(
-    case: tuple[np.ndarray, np.ndarray, np.ndarray, int, tuple, np.ndarray],
-) -> None:
+def test_greedy_rows_choose_what_each_row_s_sampler_chooses(case: GreedyBatch) -> None:
     """The engine's one-pass greedy choice: every row it decides gets the token its own
     RowSampler would choose; it defers only rows whose winner is NaN, suppressed, or an EOS
     before min_new_tokens."""
