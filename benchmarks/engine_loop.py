@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +30,7 @@ import numpy as np
 
 from benchmarks.machine import machine_metadata
 from benchmarks.marian import default_cache
-from benchmarks.output import timestamp
+from benchmarks.output import write_probe
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
@@ -162,12 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": points,
         "machine": machine_metadata("cpu"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"engine-loop-{timestamp()}{'-tiny' if args.tiny else ''}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    for point in points:
-        print(json.dumps(point))
-    print(path)
+    write_probe(result, args.out)
     return 0
 
 

@@ -32,3 +32,17 @@ def write_result(result: dict[str, Any], out_dir: Path, kind: str) -> Path:
     path = out_dir / f"{kind}-{result['run_id']}{suffix}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path
+
+
+def write_probe(result: dict[str, Any], out_dir: Path) -> Path:
+    """Write a probe's result (``transport_floor``, ``engine_loop``: no schema, ``kind``,
+    ``tiny`` and ``points`` fields) as OUT/KIND-<timestamp>[-tiny].json; print each point and
+    the path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suffix = "-tiny" if result["tiny"] else ""
+    path = out_dir / f"{result['kind']}-{timestamp()}{suffix}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for point in result["points"]:
+        print(json.dumps(point))
+    print(path)
+    return path

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing as mp
 import os
 import statistics
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.machine import machine_metadata, process_cpu_seconds
-from benchmarks.output import timestamp
+from benchmarks.output import write_probe
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 MODEL = "floor"
@@ -167,12 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "points": points,
         "machine": machine_metadata("cpu"),
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"transport-floor-{timestamp()}{'-tiny' if args.tiny else ''}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    for point in points:
-        print(json.dumps(point))
-    print(path)
+    write_probe(result, args.out)
     return 0
 
 
