@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 
 from contract.graphs import LOGITS
+from serving.backends.host_memory import CudaHost, pinned_empty
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class _Shape:
     host_logits: np.ndarray | None  # the CPU logits' memory (read without a copy)
     run_options: ort.RunOptions
     graph_id: int
+    pinned: np.ndarray | None = None  # page-locked host copy of device logits (``CudaHost``)
 
 
 class CapturedSteps:
@@ -63,6 +65,8 @@ class CapturedSteps:
         vocab_size: the logits' last dimension.
         max_graphs: shapes beyond this many still run at fixed addresses, but without a graph
             (batch buckets x cache widths can make hundreds of shapes on a large model).
+        host: the CUDA runtime's page-locked host buffers, which device logits are copied into
+            (None: copied into a new pageable array every step).
     """
 
     def __init__(
@@ -71,8 +75,10 @@ class CapturedSteps:
         device: tuple[str, int],
         vocab_size: int,
         max_graphs: int = MAX_GRAPHS,
+        host: CudaHost | None = None,
     ):
         self.session = session
+        self.host = host
         self.kind, self.index = device
         self.vocab_size = vocab_size
         self.max_graphs = max_graphs
@@ -106,7 +112,12 @@ class CapturedSteps:
                 raise
             self._without_graphs(key, shape, err)
             self.session.run_with_iobinding(shape.io, shape.run_options)
-        return shape.host_logits if shape.host_logits is not None else shape.logits.numpy()
+        if shape.host_logits is not None:
+            return shape.host_logits
+        if shape.pinned is not None and self.host is not None:
+            self.host.copy_to_host(shape.pinned, shape.logits.data_ptr())
+            return shape.pinned
+        return shape.logits.numpy()
 
     def _without_graphs(self, key: tuple[int, ...], shape: _Shape, err: Exception) -> None:
         """A graph that cannot be captured or replayed: its shape, and every shape not bound yet,
@@ -147,4 +158,7 @@ class CapturedSteps:
         io.bind_ortvalue_output(LOGITS, logits)
         run_options = ort.RunOptions()
         run_options.add_run_config_entry(GRAPH_ID, str(graph_id))
-        return _Shape(io, inputs, logits, host, run_options, graph_id)
+        pinned = None
+        if self.kind != "cpu" and self.host is not None:
+            pinned = pinned_empty((batch, 1, self.vocab_size), self.host)
+        return _Shape(io, inputs, logits, host, run_options, graph_id, pinned)

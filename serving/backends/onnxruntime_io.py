@@ -45,6 +45,7 @@ from contract.graphs import (
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
 from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
+from serving.backends.host_memory import CudaHost, pinned_empty
 
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
@@ -228,13 +229,17 @@ class InPlaceDecoder:
         self.past = cache_buffers(past, layout, types, spec, rows, capacity, device)
         self.cross = cache_buffers(cross, layout, types, spec, rows, source_capacity, device)
         self.updates = [update_name(n) for n in kv_names("cross", layers)]  # cache_write's inputs
-        self.logits = np.zeros((rows, 1, spec.vocab_size), dtype=np.float32)
+        # on CUDA the logits come back into page-locked memory where the runtime allows
+        self.host = CudaHost.load() if device.kind == "cuda" else None
+        self.logits = pinned_empty((rows, 1, spec.vocab_size), self.host)
         self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
         if fixed_bindings is None:
             fixed_bindings = captures_cuda_graphs(self.decoder)
         self.captured = (
-            CapturedSteps(self.decoder, (device.kind, device.index), spec.vocab_size)
+            CapturedSteps(
+                self.decoder, (device.kind, device.index), spec.vocab_size, host=self.host
+            )
             if fixed_bindings
             else None
         )
