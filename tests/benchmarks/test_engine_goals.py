@@ -4,6 +4,7 @@ against the run's peers, the VNNI rule, and the GPU goals of a CUDA run."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,9 @@ def test_a_cuda_run_is_judged_by_the_gpu_goals() -> None:
 
 
 def test_the_report_judges_committed_engine_results() -> None:
-    committed = sorted(RESULTS.rglob("engine-*.json"))
-    assert committed
+    run = re.compile(r"engine-\d{8}T\d{6}Z(-tiny)?")  # not engine-loop-* probes
+    committed = sorted(p for p in RESULTS.rglob("engine-*.json") if run.fullmatch(p.stem))
+    assert any(p.parent.name == "gpu" for p in committed)
     judged = 0
     for path in committed:
         document = json.loads(path.read_text())
