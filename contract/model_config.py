@@ -211,6 +211,12 @@ class OnnxRuntimeOptions:
     # Runtime's enable_cuda_graph), one graph per batch bucket (1, 2, 4, ... rows) and cache
     # widths. Does nothing elsewhere (the CPU, the growing cache, TensorRT, classifiers).
     cuda_graph: bool = False
+    # CUDA: how cuDNN picks a convolution's algorithm for each new input shape (ONNX Runtime's
+    # cudnn_conv_algo_search, a parameter of Triton's ONNX Runtime backend too): "exhaustive"
+    # times every algorithm the first time a shape runs (ONNX Runtime's default), "heuristic"
+    # takes cuDNN's estimate at once, "default" the plain default algorithm. A dynamic batcher
+    # makes every batch size a new shape of the ViT's patch embedding.
+    cudnn_conv_algo_search: Literal["exhaustive", "heuristic", "default"] = "exhaustive"
 
     def __post_init__(self) -> None:
         _not_negative(self, "intra_op_threads", "spin_duration_us")

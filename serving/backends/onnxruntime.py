@@ -48,6 +48,10 @@ def session_options(options: OnnxRuntimeOptions, spin: bool = True) -> ort.Sessi
     return so
 
 
+# the CUDA provider's option: EXHAUSTIVE, HEURISTIC or DEFAULT
+CONV_ALGO_SEARCH = "cudnn_conv_algo_search"
+
+
 def available_providers(requested: tuple[str, ...]) -> list[str]:
     """The requested execution providers this ONNX Runtime build has, CPU always last.
 
@@ -73,13 +77,16 @@ def graph_provider_options(
     providers: list[str],
     provider_options: Mapping[str, dict] | None = None,
 ) -> list[dict]:
-    """Per provider in ``providers``, the options of ``graph``'s session: ``provider_options``,
-    and CUDA graph capture for the in-place decoder when ``options.cuda_graph`` (the only graph
-    whose runs keep their shapes and addresses: ``captured_steps``)."""
+    """Per provider in ``providers``, the options of ``graph``'s session: ``provider_options``;
+    for CUDA the convolution algorithm search (``options.cudnn_conv_algo_search``, unless
+    ``provider_options`` name one), and CUDA graph capture for the in-place decoder when
+    ``options.cuda_graph`` (the only graph whose runs keep their shapes and addresses:
+    ``captured_steps``)."""
     per_provider = [dict((provider_options or {}).get(p, {})) for p in providers]
-    if options.cuda_graph and graph == DECODER_INPLACE:
-        for provider, chosen in zip(providers, per_provider, strict=True):
-            if provider == "CUDAExecutionProvider":
+    for provider, chosen in zip(providers, per_provider, strict=True):
+        if provider == "CUDAExecutionProvider":
+            chosen.setdefault(CONV_ALGO_SEARCH, options.cudnn_conv_algo_search.upper())
+            if options.cuda_graph and graph == DECODER_INPLACE:
                 chosen[CUDA_GRAPH_OPTION] = "1"
     return per_provider
 

@@ -205,3 +205,17 @@ def test_cuda_graph_option_of_earlier_exports_still_loads(config: Any) -> None:
     data["onnxruntime"]["cuda_graph"] = "yes"
     with pytest.raises(SchemaError, match=r"onnxruntime\.cuda_graph"):
         model_config_from_mapping(data)
+
+
+@pytest.mark.parametrize("config", [CLASSIFIER, TRANSLATOR], ids=lambda c: c.name)
+def test_the_convolution_search_defaults_to_exhaustive_and_takes_only_its_three_values(
+    config: Any,
+) -> None:
+    data = to_mapping(config)
+    del data["onnxruntime"]["cudnn_conv_algo_search"]  # what earlier exports wrote: nothing
+    assert model_config_from_mapping(data).onnxruntime.cudnn_conv_algo_search == "exhaustive"
+    data["onnxruntime"]["cudnn_conv_algo_search"] = "heuristic"
+    assert model_config_from_mapping(data).onnxruntime.cudnn_conv_algo_search == "heuristic"
+    data["onnxruntime"]["cudnn_conv_algo_search"] = "fastest"
+    with pytest.raises(SchemaError, match=r"onnxruntime\.cudnn_conv_algo_search"):
+        model_config_from_mapping(data)

@@ -15,7 +15,11 @@ from contract.graphs import DECODER_INPLACE, ENCODER, INPLACE_GRAPH_FILES, graph
 from contract.model_config import OnnxRuntimeOptions
 from contract.repository import read_model_config, resolve_version
 from serving.backends.captured_steps import CUDA_GRAPH_OPTION, GRAPH_ID
-from serving.backends.onnxruntime import OnnxRuntimeBackend, graph_provider_options
+from serving.backends.onnxruntime import (
+    CONV_ALGO_SEARCH,
+    OnnxRuntimeBackend,
+    graph_provider_options,
+)
 from serving.backends.onnxruntime_io import InPlaceDecoder
 from serving.engine.inplace_cache import InPlaceKVCache
 from serving.engine.requests import GenerationRequest
@@ -100,14 +104,28 @@ def test_the_cuda_graph_option_reaches_only_the_inplace_decoder_on_cuda() -> Non
     on = OnnxRuntimeOptions(cuda_graph=True)
     cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     given = {"CUDAExecutionProvider": {"device_id": "1"}}
+    search = {CONV_ALGO_SEARCH: "EXHAUSTIVE"}  # every CUDA session's, ONNX Runtime's default
     options = graph_provider_options(DECODER_INPLACE, on, cuda, given)
-    assert options == [{"device_id": "1", CUDA_GRAPH_OPTION: "1"}, {}]
+    assert options == [{"device_id": "1", **search, CUDA_GRAPH_OPTION: "1"}, {}]
     assert given == {"CUDAExecutionProvider": {"device_id": "1"}}  # the caller's dict untouched
     for graph in (ENCODER, "decoder", "cache_write", "cache_copy", "cache_resize"):
-        assert graph_provider_options(graph, on, cuda, given) == [{"device_id": "1"}, {}]
+        assert graph_provider_options(graph, on, cuda, given) == [{"device_id": "1", **search}, {}]
     off = OnnxRuntimeOptions(cuda_graph=False)
-    assert graph_provider_options(DECODER_INPLACE, off, cuda) == [{}, {}]
+    assert graph_provider_options(DECODER_INPLACE, off, cuda) == [search, {}]
     assert graph_provider_options(DECODER_INPLACE, on, ["CPUExecutionProvider"]) == [{}]
+
+
+def test_the_convolution_search_reaches_every_cuda_session_unless_given() -> None:
+    """onnxruntime.cudnn_conv_algo_search becomes the CUDA provider's option in upper case;
+    provider options that name one win; other providers get nothing."""
+    heuristic = OnnxRuntimeOptions(cudnn_conv_algo_search="heuristic")
+    cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert graph_provider_options("model", heuristic, cuda) == [{CONV_ALGO_SEARCH: "HEURISTIC"}, {}]
+    plain = {CONV_ALGO_SEARCH: "DEFAULT"}
+    given = {"CUDAExecutionProvider": plain}
+    assert graph_provider_options("model", heuristic, cuda, given)[0] == plain
+    trt = ["TensorrtExecutionProvider", "CPUExecutionProvider"]
+    assert graph_provider_options("model", heuristic, trt) == [{}, {}]
 
 
 def test_on_the_cpu_the_option_changes_nothing_and_says_so(
