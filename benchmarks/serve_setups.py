@@ -46,6 +46,10 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     "spinning": {"translator": {}, "vit": {}},  # batching's, with ONNXRUNTIME_EDITS["spinning"]
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
+    # CUDA only, with ONNXRUNTIME_EDITS: the translator with CUDA graphs, the ViT with cuDNN's
+    # heuristic convolution search
+    "cuda_graphs": {"translator": {}},
+    "conv_heuristic": {"vit": {}},
 }
 # On CUDA, under every setup's own edits: a GPU deployment's batching, sized for the largest load
 # (256 clients): as many cache rows as streams (the shipped config's 64 would cap 128 streams at

@@ -36,7 +36,7 @@ def sample_image(size: int = 32, seed: int = 0) -> bytes:
 def closed_plan(setup: str, models: tuple[str, ...]) -> list[tuple[str, str]]:
     """(model, method) pairs measured in closed loop for a setup."""
     plan = []
-    if "translator" in models:
+    if "translator" in models and "translator" in BATCHING_EDITS[setup]:
         plan.append(("translator", "translate_stream"))
         if setup in FULL_SETUPS:
             plan.append(("translator", "translate"))

@@ -367,6 +367,29 @@ def test_on_cuda_the_setups_size_batching_for_the_largest_load(
     assert offline.max_active_sequences == translator.max_active_sequences
 
 
+def test_the_cuda_only_setups_run_on_cuda_alone(tiny_repository: Path, tmp_path: Path) -> None:
+    """cuda_graphs serves the translator with CUDA graphs, conv_heuristic the ViT with cuDNN's
+    heuristic search, each with that model alone; both are CUDA defaults and refused on the CPU."""
+    from benchmarks.serve_settings import CUDA_SETUPS, ServeSettings
+    from benchmarks.serve_setups import setup_repository
+    from benchmarks.serve_workloads import closed_plan
+    from contract.repository import read_model_config
+
+    models = ("translator", "vit")
+    graphs, _ = setup_repository(tiny_repository, "cuda_graphs", models, 2, "cuda", tmp_path)
+    assert read_model_config(graphs / "translator").onnxruntime.cuda_graph is True
+    assert not (graphs / "vit").exists()
+    conv, _ = setup_repository(tiny_repository, "conv_heuristic", models, 2, "cuda", tmp_path)
+    assert read_model_config(conv / "vit").onnxruntime.cudnn_conv_algo_search == "heuristic"
+    assert not (conv / "translator").exists()
+    assert closed_plan("conv_heuristic", models) == [("vit", "classify")]
+    assert closed_plan("cuda_graphs", models) == [("translator", "translate_stream")]
+    assert not set(CUDA_SETUPS) & set(ServeSettings().setups)
+    assert set(CUDA_SETUPS) <= set(ServeSettings(device="cuda").setups)
+    with pytest.raises(ValueError, match="cuda only"):
+        ServeSettings(setups=("batching", "cuda_graphs")).check()
+
+
 def test_the_spinning_setup_bounds_the_spin_of_batching_s_models(
     tiny_repository: Path, tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from benchmarks.serve_gpu_goals import GPU_VIT_IMAGES_PER_S
 from benchmarks.serve_offline import offline_batches
 from benchmarks.serve_settings import (
     CUDA_CONCURRENCY,
+    CUDA_SETUPS,
     DEFAULT_CONCURRENCY,
     SETUPS,
     ServeSettings,
@@ -109,7 +110,10 @@ def test_wide_frontend_setups_need_two_cpus_per_frontend() -> None:
     assert gpu_goal_loads(2)["setups"] == gpu_goal_loads(7)["setups"] == base
     assert gpu_goal_loads(8)["setups"] == (*base, "four_frontends")
     assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", "eight_frontends")
-    assert machine_setups(SETUPS, 2) == SETUPS[:-2] and machine_setups(SETUPS, 64) == SETUPS
+    wide = ("four_frontends", "eight_frontends")
+    assert machine_setups(SETUPS, 2) == tuple(s for s in SETUPS if s not in (*wide, *CUDA_SETUPS))
+    assert machine_setups(SETUPS, 2, "cuda") == tuple(s for s in SETUPS if s not in wide)
+    assert machine_setups(SETUPS, 64, "cuda") == SETUPS
     assert ServeSettings().setups == machine_setups(SETUPS)
 
 
