@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import machine_metadata
 from benchmarks.marian import default_cache
 from benchmarks.output import write_probe
 
@@ -152,16 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repository = shipped_repository(default_cache())
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
     points = measure(args.repository / "translator", args.streams, duration, warmup)
-    result = {
-        "schema": "attnserve-engine-loop/1",
-        "kind": "engine-loop",
-        "tiny": args.tiny,
-        "duration_s": duration,
-        "new_tokens": NEW_TOKENS,
-        "points": points,
-        "machine": machine_metadata("cpu"),
-    }
-    write_probe(result, args.out)
+    write_probe("engine-loop", points, args.out, args.tiny, duration, new_tokens=NEW_TOKENS)
     return 0
 
 

@@ -34,15 +34,32 @@ def write_result(result: dict[str, Any], out_dir: Path, kind: str) -> Path:
     return path
 
 
-def write_probe(result: dict[str, Any], out_dir: Path) -> Path:
-    """Write a probe's result (``transport_floor``, ``engine_loop``: no schema, ``kind``,
-    ``tiny`` and ``points`` fields) as OUT/KIND-<timestamp>[-tiny].json; print each point and
-    the path."""
+def write_probe(
+    kind: str,
+    points: list[dict[str, Any]],
+    out_dir: Path,
+    tiny: bool,
+    duration_s: float,
+    **facts: Any,
+) -> Path:
+    """Write a probe's result (``transport_floor``, ``engine_loop``: points measured on this
+    machine's CPU, no schema) as OUT/KIND-<timestamp>[-tiny].json with ``facts`` and the machine;
+    print each point and the path."""
+    from benchmarks.machine import machine_metadata
+
+    result = {
+        "schema": f"attnserve-{kind}/1",
+        "kind": kind,
+        "tiny": tiny,
+        "duration_s": duration_s,
+        **facts,
+        "points": points,
+        "machine": machine_metadata("cpu"),
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
-    suffix = "-tiny" if result["tiny"] else ""
-    path = out_dir / f"{result['kind']}-{timestamp()}{suffix}.json"
+    path = out_dir / f"{kind}-{timestamp()}{'-tiny' if tiny else ''}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    for point in result["points"]:
+    for point in points:
         print(json.dumps(point))
     print(path)
     return path

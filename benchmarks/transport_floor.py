@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import machine_metadata, process_cpu_seconds
+from benchmarks.machine import process_cpu_seconds
 from benchmarks.output import write_probe
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -156,17 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
     points = measure(args.concurrency, duration, warmup)
-    result = {
-        "schema": "attnserve-transport-floor/1",
-        "kind": "transport-floor",
-        "tiny": args.tiny,
-        "duration_s": duration,
-        "max_batch_size": MAX_BATCH,
-        "image": "3x32x32 float32",
-        "points": points,
-        "machine": machine_metadata("cpu"),
-    }
-    write_probe(result, args.out)
+    write_probe(
+        "transport-floor",
+        points,
+        args.out,
+        args.tiny,
+        duration,
+        max_batch_size=MAX_BATCH,
+        image="3x32x32 float32",
+    )
     return 0
 
 
