@@ -115,6 +115,7 @@ class CapturedSteps:
         if shape.host_logits is not None:
             return shape.host_logits
         if shape.pinned is not None and self.host is not None:
+            shape.io.synchronize_outputs()  # the copy runs on another stream than ORT's
             self.host.copy_to_host(shape.pinned, shape.logits.data_ptr())
             return shape.pinned
         return shape.logits.numpy()
