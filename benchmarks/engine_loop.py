@@ -50,9 +50,9 @@ class _Timed:
             self.seconds += time.perf_counter() - started
 
 
-def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed, _Timed]:
+def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
-    logits in which EOS never wins; and the timed encoder and decoder step."""
+    logits in which EOS never wins; and its timed encoder."""
     from contract.repository import read_model_config, resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend
@@ -73,10 +73,10 @@ def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed, _Timed]:
     def step(input_ids: np.ndarray, *_: Any) -> np.ndarray:
         return logits[: len(input_ids), 0]
 
-    decoder = engine.cache.decoder
-    decoder.step = _Timed(step)
-    engine.runner.encode = _Timed(engine.runner.encode)
-    return engine, engine.runner.encode, decoder.step
+    engine.cache.decoder.step = step
+    encode = _Timed(engine.runner.encode)
+    engine.runner.encode = encode
+    return engine, encode
 
 
 async def _client(engine: Any, until: float, counts: list[int]) -> None:
@@ -92,12 +92,12 @@ async def _client(engine: Any, until: float, counts: list[int]) -> None:
 
 
 async def _point(
-    engine: Any, encode: _Timed, step: _Timed, streams: int, duration: float, warmup: float
+    engine: Any, encode: _Timed, streams: int, duration: float, warmup: float
 ) -> dict[str, Any]:
     counts = [0, 0]  # tokens, requests
     until = time.perf_counter() + warmup
     await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
-    counts[:], encode.seconds, step.seconds = [0, 0], 0.0, 0.0
+    counts[:], encode.seconds = [0, 0], 0.0
     steps = engine.steps
     started = time.perf_counter()
     until = started + duration
@@ -123,10 +123,10 @@ async def _point(
 
 def measure(entry: Path, streams: list[int], duration: float, warmup: float) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn."""
-    engine, encode, step = instant_engine(entry, max(streams))
+    engine, encode = instant_engine(entry, max(streams))
     engine.start()
     try:
-        return [asyncio.run(_point(engine, encode, step, n, duration, warmup)) for n in streams]
+        return [asyncio.run(_point(engine, encode, n, duration, warmup)) for n in streams]
     finally:
         engine.stop()
 

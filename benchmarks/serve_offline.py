@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.attnserve_runner import fixed_greedy
 from benchmarks.serve_settings import GOAL_CONCURRENCY, GPU_VIT_CLIENTS, ServeSettings
-from benchmarks.serve_setups import BATCHING_EDITS, CUDA_BATCHING_EDITS, with_server_onnxruntime
+from benchmarks.serve_setups import BATCHING_EDITS, device_batching, with_server_onnxruntime
 
 
 def measure_offline(
@@ -46,10 +46,8 @@ def served_config(entry: Path, threads: int, device: str) -> Any:
     from contract.repository import read_model_config
 
     config = with_server_onnxruntime(read_model_config(entry), threads, device)
-    if device == "cuda":
-        edits = CUDA_BATCHING_EDITS.get(entry.name, {})
-        config = replace(config, batching=replace(config.batching, **edits))
-    return config
+    edits = device_batching(entry.name, device)
+    return replace(config, batching=replace(config.batching, **edits))
 
 
 def served_model(entry: Path, threads: int, device: str) -> Any:

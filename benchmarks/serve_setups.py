@@ -89,6 +89,13 @@ def with_server_onnxruntime(config: Any, threads: int, device: str) -> Any:
     return replace(config, onnxruntime=onnxruntime)
 
 
+def device_batching(model: str, device: str, edits: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The batching fields ``model`` gets on ``device``: a setup's ``edits`` over, on CUDA,
+    ``CUDA_BATCHING_EDITS``."""
+    base = CUDA_BATCHING_EDITS.get(model, {}) if device == "cuda" else {}
+    return {**base, **(edits or {})}
+
+
 def setup_repository(
     source: Path, setup: str, models: tuple[str, ...], threads: int, device: str, root: Path
 ) -> tuple[Path, list[dict[str, Any]]]:
@@ -107,8 +114,7 @@ def setup_repository(
         edits = BATCHING_EDITS[setup].get(model)
         if edits is None:
             continue
-        if device == "cuda":
-            edits = {**CUDA_BATCHING_EDITS[model], **edits}
+        edits = device_batching(model, device, edits)
         engine_threads = max(1, threads // edits.get("instances", 1))
         runtime = ONNXRUNTIME_EDITS.get(setup, {})
         config = _write_entry(

@@ -62,7 +62,7 @@ class _Sequence:
         self.last_token_time: float | None = None
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
-        # greedy (one row, temperature 0): chosen with the step's other greedy rows in one pass
+        # greedy (temperature 0, not beams): chosen with the step's other greedy rows in one pass
         self.greedy = False
         self.forced_eos_at = -1
         if self.options.beam_size > 1:
@@ -84,7 +84,7 @@ class _Sequence:
                 suppress_ids=spec.suppress_ids,
                 forced_eos_at=last if spec.forced_eos else None,
             )
-            self.greedy = self.options.temperature == 0 and request.rows == 1
+            self.greedy = self.options.temperature == 0
             self.forced_eos_at = last if spec.forced_eos else -1
         self.next_inputs = np.full(request.rows, spec.decoder_start_id, dtype=np.int64)
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
