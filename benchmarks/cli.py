@@ -122,9 +122,9 @@ def _serve_parser(commands: Any) -> None:
         "--gpu-goals",
         action="store_true",
         help="only the loads the goals are judged on (setups batching, two_frontends, "
-        "instances, and four_frontends / eight_frontends where the machine has 2 CPUs per "
-        "frontend; 1, 32, 128 and 256 clients; no open loop, no Triton peer; 3 s points): "
-        "what a short GPU lease has time for; other flags still apply on top",
+        "instances, stream_interval, and four_frontends / eight_frontends where the machine "
+        "has 2 CPUs per frontend; 1, 32, 128 and 256 clients; no open loop, no Triton peer; "
+        "3 s points): what a short GPU lease has time for; other flags still apply on top",
     )
     serve.add_argument(
         "--client-processes",

@@ -62,6 +62,7 @@ class Record:
     server_total_ms: float | None = None
     server_queue_ms: float | None = None
     server_ttft_ms: float | None = None
+    messages: int = 0  # streamed responses received (0 for unary calls)
 
     @property
     def latency(self) -> float:
@@ -202,7 +203,9 @@ class Client:
         first: float | None = None
         tokens = 0
         total_ms = queue_ms = server_ttft = None
+        messages = 0
         async for message in stub.TranslateStream(self.request, timeout=timeout):
+            messages += 1
             if message.token_ids:
                 if first is None:
                     first = time.perf_counter()
@@ -221,6 +224,7 @@ class Client:
             total_ms,
             queue_ms,
             server_ttft,
+            messages,
         )
 
 
@@ -280,6 +284,7 @@ def summarise(records: list[Record], begin: float) -> dict[str, Any]:
     end = max((r.end for r in records), default=begin)
     span = max(end - begin, 1e-9)
     tokens = sum(r.tokens for r in ok)
+    messages = sum(r.messages for r in ok)
     server_total = [r.server_total_ms / 1000 for r in ok if r.server_total_ms]
     return {
         "requests": len(ok),
@@ -289,6 +294,8 @@ def summarise(records: list[Record], begin: float) -> dict[str, Any]:
         "throughput_rps": round(len(ok) / span, 3),
         "tokens_per_s": round(tokens / span, 2) if tokens else None,
         "tokens_per_request": round(tokens / len(ok), 2) if ok and tokens else None,
+        # streams: responses per request (a message per decode step, fewer when tokens share one)
+        "messages_per_request": round(messages / len(ok), 2) if ok and messages else None,
         "latency_ms": _percentiles([r.latency for r in ok]),
         "ttft_ms": _percentiles([r.ttft for r in ok if r.ttft is not None]),
         "tpot_ms": _percentiles([r.tpot for r in ok if r.tpot is not None]),

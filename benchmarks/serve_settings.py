@@ -14,7 +14,9 @@ Setups (how the server batches; ``serve_setups`` writes each one's repository):
   in-flight engines, the ViT's two concurrent batches, with half the intra-op threads each,
   sharing one set of sessions when that is one thread; one frontend);
 - ``spinning``: ``batching``'s models with ``allow_spinning`` and ``spin_duration_us`` (the
-  decoders' and classifiers' idle threads spin for that long before they sleep).
+  decoders' and classifiers' idle threads spin for that long before they sleep);
+- ``stream_interval``: ``batching``'s translator alone with ``batching.stream_interval_ms``
+  (``STREAM_INTERVAL_MS``): a stream's tokens leave in one message per interval, not per step.
 
 The load generator spreads each point's calls over ``connections`` TCP connections (every setup
 alike), so that the kernel has connections to hand to each frontend process.
@@ -44,6 +46,7 @@ SETUPS = (
     "two_frontends",
     "instances",
     "spinning",
+    "stream_interval",
     *WIDE_FRONTENDS,
     *CUDA_SETUPS,
 )
@@ -51,6 +54,7 @@ FULL_SETUPS = ("batching", "two_frontends")  # also measured: overhead and unary
 OVERHEAD_SETUPS = (*FULL_SETUPS, "instances")  # the minimal request's overhead is measured in
 MINIMAL_SETUPS = (*OVERHEAD_SETUPS, "spinning")  # the minimal request is timed in
 SPIN_DURATION_US = 50  # the spinning setup's spin_duration_us
+STREAM_INTERVAL_MS = 20  # the stream_interval setup's batching.stream_interval_ms
 # Per setup, the onnxruntime fields each model's config.yaml gets (beside the benchmark's threads
 # and execution providers).
 ONNXRUNTIME_EDITS = {
@@ -90,7 +94,7 @@ def gpu_goal_loads(cpus: int | None = None) -> dict[str, Any]:
     judged on, in the setups they compare (with 4 and 8 frontends where the machine has the
     CPUs): closed loop, no open loop, no Triton peer; fits a short GPU lease."""
     return {
-        "setups": machine_setups((*BASE_WORKER_SETUPS, *WIDE_FRONTENDS), cpus),
+        "setups": machine_setups((*BASE_WORKER_SETUPS, "stream_interval", *WIDE_FRONTENDS), cpus),
         "concurrency": (1, GOAL_CONCURRENCY, GPU_STREAMS, GPU_VIT_CLIENTS),
         "rate_fractions": (),
         "duration_s": 3.0,

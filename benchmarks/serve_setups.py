@@ -23,6 +23,7 @@ from benchmarks.serve_settings import (
     INSTANCES,
     MODELS,
     ONNXRUNTIME_EDITS,
+    STREAM_INTERVAL_MS,
     WIDE_FRONTENDS,
 )
 from benchmarks.server_process import ServeProcess
@@ -44,6 +45,8 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
         "vit": {"instances": INSTANCES["instances"]},
     },
     "spinning": {"translator": {}, "vit": {}},  # batching's, with ONNXRUNTIME_EDITS["spinning"]
+    # batching's translator, its streams' tokens sent once per interval
+    "stream_interval": {"translator": {"stream_interval_ms": STREAM_INTERVAL_MS}},
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with CUDA graphs, the ViT with cuDNN's

@@ -84,10 +84,14 @@ class InFlightBatching:
     # one intra-op thread: then all share one set); a request goes to the least busy one.
     # intra_op_threads 0 then means the cores divided among the instances.
     instances: int = 1
+    # A stream's messages leave at most every stream_interval_ms: the tokens decoded meanwhile
+    # travel in one message (SGLang's stream_interval, in time). 0 = a message per decode step.
+    # The first token and the last message are never held.
+    stream_interval_ms: int = 0
 
     def __post_init__(self) -> None:
         _at_least_one(self, "max_batch_size", "max_active_sequences", "token_budget", "instances")
-        _not_negative(self, "max_queue_size", "timeout_ms")
+        _not_negative(self, "max_queue_size", "timeout_ms", "stream_interval_ms")
 
     @property
     def decode_rows(self) -> int:

@@ -208,7 +208,7 @@ class InFlightEngine:
         """
         if self._stopping:
             raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        events = request.attach(asyncio.get_running_loop())
+        events = request.attach(asyncio.get_running_loop(), self.batching.stream_interval_ms / 1000)
         if not self.queue.offer(request):
             raise ResourceExhausted(
                 f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
@@ -220,9 +220,7 @@ class InFlightEngine:
         ended = False
         try:
             while True:
-                chunk = [await events.get()]
-                while not events.empty() and not isinstance(chunk[-1], FinishEvent | ErrorEvent):
-                    chunk.append(events.get_nowait())
+                chunk = await events.chunk()
                 ended = isinstance(chunk[-1], FinishEvent | ErrorEvent)
                 yield chunk
                 if ended:

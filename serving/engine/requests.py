@@ -72,7 +72,7 @@ class GenerationRequest:
         self.arrival = time.monotonic() if arrival is None else arrival
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[Event] | None = None
+        self._channel: EventChannel | None = None
 
     # --- what the admission policy sees -------------------------------------------------------
     @property
@@ -91,19 +91,81 @@ class GenerationRequest:
         self._cancelled.set()
 
     # --- event delivery (engine thread -> caller's loop) ----------------------------------------
-    def attach(self, loop: asyncio.AbstractEventLoop) -> asyncio.Queue[Event]:
+    def attach(self, loop: asyncio.AbstractEventLoop, interval: float = 0.0) -> EventChannel:
+        """Where this request's events arrive on ``loop``; ``interval`` as ``EventChannel``'s."""
         self._loop = loop
-        self._queue = asyncio.Queue()
-        return self._queue
+        self._channel = EventChannel(loop, interval)
+        return self._channel
 
     def emit(self, event: Event) -> None:
         """Deliver one event now (outside the decode loop; the loop batches through Outbox)."""
-        if self._loop is None or self._queue is None:
+        if self._loop is None or self._channel is None:
             return
         try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            self._loop.call_soon_threadsafe(self._channel.put, event)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             self._cancelled.set()
+
+
+class EventChannel:
+    """One request's events on its caller's event loop, taken a chunk at a time.
+
+    A chunk is every event that has arrived since the previous one. With ``interval`` > 0 (model
+    config ``batching.stream_interval_ms``) a chunk is not taken before ``interval`` seconds
+    after the previous one, so the tokens decoded meanwhile travel together: a stream sends a
+    message per interval instead of one per decode step, and its caller wakes once per message.
+    The first chunk and a chunk that ends the request (finish or error) are never held.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float = 0.0) -> None:
+        if interval < 0:
+            raise ValueError(f"interval must be >= 0, got {interval}")
+        self._loop = loop
+        self._interval = interval
+        self._items: list[Event] = []
+        self._ended = False  # a finish or error event is among the items
+        self._due = 0.0  # loop time before which a chunk waits for more (the first never does)
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def put(self, event: Event) -> None:
+        """Add an event (on the loop); wake the taker if its chunk is due."""
+        self._items.append(event)
+        if isinstance(event, FinishEvent | ErrorEvent):
+            self._ended = True
+        if self._waiter is not None:
+            self._wake_when_due()
+
+    def _ready(self) -> bool:
+        return bool(self._items) and (self._ended or self._loop.time() >= self._due)
+
+    def _wake_when_due(self) -> None:
+        if self._ready():
+            self._wake()
+        elif self._items and self._timer is None:
+            self._timer = self._loop.call_at(self._due, self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def chunk(self) -> list[Event]:
+        """The events that arrived since the last chunk (at least one), once the chunk is due."""
+        while not self._ready():
+            self._waiter = self._loop.create_future()
+            self._wake_when_due()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+        items, self._items = self._items, []
+        if self._interval:
+            self._due = self._loop.time() + self._interval
+        return items
 
 
 class Outbox:
@@ -124,7 +186,7 @@ class Outbox:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[GenerationRequest, Event]]] = {}
         for request, event in self._items:
-            if request._loop is not None and request._queue is not None:
+            if request._loop is not None and request._channel is not None:
                 by_loop.setdefault(request._loop, []).append((request, event))
         self._items = []
         for loop, items in by_loop.items():
@@ -137,5 +199,5 @@ class Outbox:
 
 def _deliver(items: list[tuple[GenerationRequest, Event]]) -> None:
     for request, event in items:
-        assert request._queue is not None
-        request._queue.put_nowait(event)
+        assert request._channel is not None
+        request._channel.put(event)
