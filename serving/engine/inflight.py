@@ -42,7 +42,7 @@ from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
 from serving.generation.sampling import RowSampler, greedy_rows
-from serving.metrics import ServingMetrics
+from serving.metrics import ServingMetrics, observe_many
 from serving.seq2seq import Encoded, Seq2SeqRunner
 
 # greedy rows from which the step chooses their tokens in one numpy pass (``greedy_rows``)
@@ -153,6 +153,7 @@ class InFlightEngine:
         self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
         self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
+        self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -355,7 +356,7 @@ class InFlightEngine:
                 token = seq.sampler.choose(logits[first], seq.generated)
             if self._advance(seq, token, now):
                 finished.append(seq)
-        self._count_new_tokens()
+        self._count_new_tokens(now)
         if finished:
             self._remove(finished)
 
@@ -412,17 +413,26 @@ class InFlightEngine:
         return min(seq.max_new, self.spec.max_positions - 1)
 
     def _count_token(self, seq: _Sequence, now: float) -> None:
-        if seq.last_token_time is None:
+        last = seq.last_token_time
+        if last is None:
             self._observe("time_to_first_token", now - seq.request.arrival)
-        else:
-            self._observe("time_per_output_token", now - seq.last_token_time)
+        else:  # observed in _count_new_tokens: rows with the same last token time, at once
+            self._token_gaps[last] = self._token_gaps.get(last, 0) + 1
         seq.last_token_time = now
         self._new_tokens += 1
 
-    def _count_new_tokens(self) -> None:
-        if self._new_tokens and self.metrics is not None:
-            self._child("generated_tokens").inc(self._new_tokens)
+    def _count_new_tokens(self, now: float) -> None:
+        """The step's token counts: generated tokens, and the time per output token of the rows
+        that had one before (``now`` minus their last token time, one observation each)."""
+        if self.metrics is not None:
+            if self._new_tokens:
+                self._child("generated_tokens").inc(self._new_tokens)
+            if self._token_gaps:
+                per_token = self._child("time_per_output_token")
+                for last, rows in self._token_gaps.items():
+                    observe_many(per_token, now - last, rows)
         self._new_tokens = 0
+        self._token_gaps.clear()
 
     def _finish(self, seq: _Sequence, reason: str) -> bool:
         self._outbox.post(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from contract.graphs import INPLACE_GRAPH_FILES, graph_files
 from contract.repository import read_model_config, resolve_version
@@ -304,6 +305,52 @@ def test_a_backend_fault_fails_only_its_batch(runner_and_config) -> None:
     assert isinstance(first[-1], ErrorEvent) and isinstance(first[-1].error, Internal)
     assert "injected fault" in str(first[-1].error)
     assert isinstance(second[-1], FinishEvent) and rows == 0
+
+
+def test_token_metrics_count_every_row_of_every_step(runner_and_config) -> None:
+    """Requests decoding in flight together: one time to first token each, one time per output
+    token for every later token (observed per step for the rows that share a last token time),
+    and every token counted as generated."""
+    from serving.metrics import ServingMetrics
+
+    lengths = [12, 5, 9, 16, 3, 7]
+    metrics = ServingMetrics()
+
+    async def go() -> None:
+        engine = make_engine(runner_and_config)
+        engine.metrics = metrics
+        engine.start()
+        try:
+            jobs = [
+                collect(
+                    engine,
+                    GenerationRequest(
+                        options=DecodingOptions(max_new_tokens=n, min_new_tokens=n),
+                        source_ids=source(i),
+                    ),
+                    delay=0.002 * i,
+                )
+                for i, n in enumerate(lengths)
+            ]
+            await asyncio.gather(*jobs)
+        finally:
+            engine.stop()
+
+    run(go())
+    text = metrics.render().decode()
+
+    def value(name: str) -> float:
+        return next(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and s.labels.get("model") == "translator"
+        )
+
+    assert value("attnserve_time_to_first_token_seconds_count") == len(lengths)
+    assert value("attnserve_time_per_output_token_seconds_count") == sum(lengths) - len(lengths)
+    assert value("attnserve_time_per_output_token_seconds_sum") > 0
+    assert value("attnserve_generated_tokens_total") == sum(lengths)
 
 
 def test_cancelled_while_waiting(runner_and_config) -> None:

@@ -7,6 +7,8 @@ import urllib.request
 
 import grpc
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving import errors
@@ -15,6 +17,7 @@ from serving.metrics import (
     LATENCY_BUCKETS,
     METRIC_NAMES,
     ServingMetrics,
+    observe_many,
 )
 
 
@@ -79,6 +82,41 @@ def test_labels_and_batch_size_buckets() -> None:
         if s.name == "attnserve_requests_total"
     ]
     assert requests[0].labels == {"model": "m", "method": "Classify", "code": "OK"}
+
+
+def histogram_samples(metrics: ServingMetrics, name: str) -> dict[tuple, float]:
+    return {
+        (s.name, s.labels.get("le")): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+        if s.name.startswith(name) and not s.name.endswith("_created")
+    }
+
+
+@given(
+    observations=st.lists(
+        st.tuples(
+            st.one_of(st.sampled_from(LATENCY_BUCKETS), st.floats(-1.0, 100.0)),
+            st.integers(0, 300),
+        ),
+        max_size=6,
+    )
+)
+def test_observe_many_is_that_many_observations(observations: list[tuple[float, int]]) -> None:
+    """Buckets (values on a bound included, and past the last one) and count exactly as
+    ``count`` calls of ``observe``; the sum up to rounding."""
+    one_by_one, at_once = ServingMetrics(), ServingMetrics()
+    single = one_by_one.time_per_output_token.labels(model="m")
+    many = at_once.time_per_output_token.labels(model="m")
+    for amount, count in observations:
+        for _ in range(count):
+            single.observe(amount)
+        observe_many(many, amount, count)
+    name = "attnserve_time_per_output_token_seconds"
+    expected, got = histogram_samples(one_by_one, name), histogram_samples(at_once, name)
+    total = (f"{name}_sum", None)
+    assert got.pop(total) == pytest.approx(expected.pop(total), rel=1e-9, abs=1e-9)
+    assert got == expected
 
 
 def test_two_instances_in_one_process_do_not_collide() -> None:
