@@ -47,7 +47,8 @@ class DecodeCache(Protocol):
 
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """One decoder step: token ``input_ids[j]`` at position ``positions[j]`` (tokens the row
-        has fed before) for row ``rows[j]``; returns the logits (len(rows), vocab)."""
+        has fed before) for row ``rows[j]``; returns the logits (len(rows), vocab), valid until
+        the next step (they may be a view of a buffer the next step overwrites)."""
         ...
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:

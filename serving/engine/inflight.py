@@ -373,8 +373,9 @@ class InFlightEngine:
         picked = [i for i, seq in enumerate(sequences) if seq.greedy]
         if len(picked) < GREEDY_PASS_ROWS:
             return {}
+        every_row = len(picked) == len(logits)  # each sequence greedy, a row each: no gather
         chosen = greedy_rows(
-            logits[[offsets[i] for i in picked]],
+            logits if every_row else logits[[offsets[i] for i in picked]],
             done[picked],
             np.array([sequences[i].options.min_new_tokens for i in picked]),
             self.spec.eos_id,

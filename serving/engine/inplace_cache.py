@@ -88,6 +88,8 @@ class InPlaceKVCache:
         lengths[rows] = positions
         logits = self.decoder.step(ids, lengths, self.cross_lengths[:batch])
         self.lengths[rows] = positions + 1
+        if leading_rows(rows):  # rows 0..n-1 in order: the first n rows as they are, no copy
+            return logits[: len(rows)]
         return logits[rows]
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
@@ -116,3 +118,14 @@ class InPlaceKVCache:
             return
         decoder.resize(which, width, self.slots.highest_used() + 1)
         self.relayouts += 1
+
+
+def leading_rows(rows: np.ndarray) -> bool:
+    """``rows`` is 0, 1, ..., len(rows) - 1."""
+    count = len(rows)
+    return (
+        bool(count)
+        and int(rows[0]) == 0
+        and int(rows[-1]) == count - 1
+        and (count < 3 or bool((np.diff(rows) == 1).all()))
+    )

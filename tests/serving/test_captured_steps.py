@@ -73,7 +73,9 @@ def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) ->
     assert captured is not None
     ids = np.array([[9, 10, 11, 2]])
     rows = cache.admit(runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)}), [3])
-    steps = [cache.step(rows[0], np.array([5, 6, 7]), np.array([i] * 3)) for i in range(2)]
+    steps = [  # copies: a step's logits are valid until the next step
+        cache.step(rows[0], np.array([5, 6, 7]), np.array([i] * 3)).copy() for i in range(2)
+    ]
     assert captured.graphs == 1  # rows 0..2 ran as the bucket of 4, twice
     (shape,) = captured._shapes.values()
     pointers = {name: value.data_ptr() for name, value in shape.inputs.items()}
