@@ -21,7 +21,7 @@ from models.data import shapes
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.onnxruntime_io import InPlaceDecoder
 from serving.engine.inflight import InFlightEngine
-from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.inplace_cache import InPlaceKVCache, leading_rows
 from serving.engine.requests import FinishEvent, GenerationRequest
 from serving.engine.slots import RowSlots, SlotsExhausted, power_of_two_buckets, rows_to_compute
 from serving.generation.options import DecodingOptions
@@ -374,3 +374,14 @@ def test_relayouts_keep_every_row_like_numpy(
         pad[axis] = (0, width - kept)
         expected = np.pad(np.take(expected, range(kept), axis=axis), pad)
         np.testing.assert_array_equal(buffer.host()[:rows], expected)
+
+
+@given(
+    st.one_of(
+        st.integers(0, 40).map(lambda n: np.arange(n, dtype=np.int64)),
+        st.lists(st.integers(0, 40), max_size=40).map(lambda r: np.array(r, dtype=np.int64)),
+    )
+)
+def test_leading_rows_is_exactly_the_first_rows_in_order(rows: np.ndarray) -> None:
+    """The step hands out the decoder's first rows without a copy only for rows 0..n-1."""
+    assert leading_rows(rows) == (len(rows) > 0 and np.array_equal(rows, np.arange(len(rows))))
