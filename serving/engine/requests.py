@@ -137,7 +137,9 @@ class EventChannel:
             self._wake_when_due()
 
     def _ready(self) -> bool:
-        return bool(self._items) and (self._ended or self._loop.time() >= self._due)
+        if not self._items:
+            return False
+        return self._ended or not self._interval or self._loop.time() >= self._due
 
     def _wake_when_due(self) -> None:
         if self._ready():
