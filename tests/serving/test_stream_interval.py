@@ -220,9 +220,9 @@ def test_the_engine_sends_the_same_tokens_in_fewer_chunks(runner_and_config) -> 
     plain, _ = asyncio.run(chunks(0))
     held, seconds = asyncio.run(chunks(LONG))
     assert len(plain) > 4  # about a chunk per step (the caller may fall a step behind)
-    # the first token at once, then everything else with the finish: the request does not
-    # wait out the 10-minute interval
-    assert len(held) == 2 and len(held[0]) == 1 and seconds < TIMEOUT
+    # what had arrived (the first token, unless the caller fell a step behind) at once, then
+    # everything else with the finish: the request does not wait out the 10-minute interval
+    assert len(held) == 2 and len(held[0]) < 16 and seconds < TIMEOUT
     assert [e for c in held for e in c][:-1] == [e for c in plain for e in c][:-1]  # tokens
     assert held[-1][-1].tokens == plain[-1][-1].tokens  # the finish (its queue time differs)
 
