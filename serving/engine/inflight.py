@@ -478,6 +478,7 @@ class InFlightEngine:
         """A backend failure fails the requests of this batch only; later ones run normally."""
         for seq in self.sequences:
             self._outbox.post(seq.request, ErrorEvent(error))
+        self._token_gaps.clear()  # a step that failed part-way counted some of its rows
         self._remove(list(self.sequences))
         self._gauges()
 

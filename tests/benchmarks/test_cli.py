@@ -85,6 +85,7 @@ def test_gpu_goals_selects_the_goal_loads_and_given_flags_win(
         "batching",
         "two_frontends",
         "instances",
+        "stream_interval",
         "four_frontends",
         "eight_frontends",
     )

@@ -106,7 +106,7 @@ def test_more_frontends_count_for_the_best_workers_when_measured() -> None:
 
 
 def test_wide_frontend_setups_need_two_cpus_per_frontend() -> None:
-    base = ("batching", "two_frontends", "instances")
+    base = ("batching", "two_frontends", "instances", "stream_interval")
     assert gpu_goal_loads(2)["setups"] == gpu_goal_loads(7)["setups"] == base
     assert gpu_goal_loads(8)["setups"] == (*base, "four_frontends")
     assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", "eight_frontends")
