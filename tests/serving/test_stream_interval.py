@@ -22,7 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.server_process import ServeProcess
-from serving.engine.requests import ErrorEvent, Event, EventChannel, FinishEvent, TokenEvent
+from serving.engine.requests import (
+    ErrorEvent,
+    Event,
+    EventChannel,
+    FinishEvent,
+    GenerationRequest,
+    TokenEvent,
+)
 from serving.errors import Internal
 from serving.generation.options import DecodingOptions
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
@@ -86,16 +93,23 @@ def test_the_first_chunk_and_the_last_are_never_held() -> None:
     assert waited < 5
 
 
+async def held_taker(channel: EventChannel) -> asyncio.Future[list[Event]]:
+    """The first token taken from ``channel``, the second put, and a reader of the next chunk
+    waiting on it (held: ``channel``'s interval is long)."""
+    channel.put(tokens(1)[0])
+    await within(channel.chunk())
+    channel.put(tokens(1, 1)[0])
+    taker = asyncio.ensure_future(channel.chunk())
+    await asyncio.sleep(0.01)
+    assert not taker.done()
+    return taker
+
+
 def test_an_error_releases_a_held_chunk() -> None:
     async def go() -> list[Event]:
         channel = EventChannel(asyncio.get_running_loop(), LONG / 1000)
-        channel.put(tokens(1)[0])
-        await within(channel.chunk())
-        channel.put(tokens(1, 1)[0])
-        error = ErrorEvent(Internal("the decoder failed"))
-        taker = asyncio.ensure_future(channel.chunk())
-        await asyncio.sleep(0.01)
-        channel.put(error)
+        taker = await held_taker(channel)
+        channel.put(ErrorEvent(Internal("the decoder failed")))
         return await within(taker)
 
     chunk = asyncio.run(go())
@@ -137,11 +151,7 @@ def test_a_held_chunk_leaves_once_the_interval_has_passed() -> None:
 def test_a_cancelled_taker_leaves_the_channel_usable() -> None:
     async def go() -> list[Event]:
         channel = EventChannel(asyncio.get_running_loop(), LONG / 1000)
-        channel.put(tokens(1)[0])
-        await within(channel.chunk())
-        channel.put(tokens(1, 1)[0])
-        taker = asyncio.ensure_future(channel.chunk())
-        await asyncio.sleep(0.01)
+        taker = await held_taker(channel)
         taker.cancel()
         with pytest.raises(asyncio.CancelledError):
             await taker
@@ -208,8 +218,6 @@ def test_the_engine_sends_the_same_tokens_in_at_most_two_chunks(runner_and_confi
         engine = make_engine(runner_and_config, stream_interval_ms=interval_ms)
         engine.start()
         try:
-            from serving.engine.requests import GenerationRequest
-
             request = GenerationRequest(options=options, source_ids=source(2))
             started = time.monotonic()
             out = [chunk async for chunk in engine.generate_chunks(request)]
