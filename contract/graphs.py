@@ -120,6 +120,17 @@ INPLACE_GRAPH_FILES = {
 }
 INPLACE_OPSET = 24  # TensorScatter and Attention's nonpad_kv_seqlen
 DECODER_INPLACE_STEP_INPUTS = ("input_ids", "cache_lengths", "cross_lengths")
+# greedy_pick (exports since 2026-11-26; optional: older versions lack it and the server takes
+#     the argmax on the host): logits [batch, 1, vocab] float, suppressed [1, 1, vocab] bool (ids
+#     never chosen), eos [1, 1, vocab] bool (EOS one-hot), no_eos [batch, 1, 1] bool (rows that
+#     may not end yet) -> greedy_ids [batch, 1] int64, the argmax of each row's allowed logits
+#     (the lowest id on ties), greedy_logit [batch, 1] float, that logit: -inf where no token is
+#     allowed, NaN where the row holds a NaN (or both infinities). Run on the decoder's device
+#     over its logits, so that a greedy step copies ids to the host instead of the logits.
+GREEDY_PICK, GREEDY_PICK_FILE = "greedy_pick", "greedy_pick.onnx"
+GREEDY_SUPPRESSED, GREEDY_EOS, GREEDY_NO_EOS = "suppressed", "eos", "no_eos"
+GREEDY_IDS, GREEDY_LOGIT = "greedy_ids", "greedy_logit"
+OPTIONAL_INPLACE_GRAPH_FILES = {GREEDY_PICK: GREEDY_PICK_FILE}
 ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"
 
 

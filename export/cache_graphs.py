@@ -33,6 +33,7 @@ from contract.graphs import (
     CACHE_RESIZE_FILE,
     CACHE_WRITE,
     CACHE_WRITE_FILE,
+    GREEDY_PICK_FILE,
     ROWS,
     SOURCE_ROWS,
     WIDTH,
@@ -46,6 +47,7 @@ from contract.graphs import (
     width_axis,
     written_name,
 )
+from export.greedy_pick import greedy_pick_model
 
 HELPER_OPSET = 18
 _ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
@@ -249,9 +251,11 @@ def _pad_to_buffer(buffer: str, new: str, axis: int) -> list[onnx.NodeProto]:
 def write_cache_graphs(
     version_dir: Path, num_layers: int, heads: int, head_dim: int, kv_dtype: str
 ) -> list[str]:
-    """Write the cache helper graphs into ``version_dir``; returns the file names."""
+    """Write the cache helper graphs, and the greedy pick graph (``export/greedy_pick.py``),
+    into ``version_dir``; returns the file names."""
     shape = (num_layers, heads, head_dim, kv_dtype)
     onnx.save(cache_copy_model(*shape), version_dir / CACHE_COPY_FILE)
     onnx.save(cache_write_model(*shape), version_dir / CACHE_WRITE_FILE)
     onnx.save(cache_resize_model(*shape), version_dir / CACHE_RESIZE_FILE)
-    return [CACHE_COPY_FILE, CACHE_WRITE_FILE, CACHE_RESIZE_FILE]
+    onnx.save(greedy_pick_model(), version_dir / GREEDY_PICK_FILE)
+    return [CACHE_COPY_FILE, CACHE_WRITE_FILE, CACHE_RESIZE_FILE, GREEDY_PICK_FILE]

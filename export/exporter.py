@@ -22,6 +22,7 @@ from contract.graphs import (
     KV_CACHE_DTYPES,
     MAX_OPSET,
     MIN_OPSET,
+    OPTIONAL_INPLACE_GRAPH_FILES,
 )
 from contract.images import pixel_values
 from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
@@ -292,7 +293,8 @@ def _parity(
 
 def _helper_graphs(files: list[str]) -> dict[str, str]:
     """Graph name -> file of the cache helper graphs written next to the decoders."""
-    return {graph: file for graph, file in INPLACE_GRAPH_FILES.items() if file in files}
+    graphs = {**INPLACE_GRAPH_FILES, **OPTIONAL_INPLACE_GRAPH_FILES}
+    return {graph: file for graph, file in graphs.items() if file in files}
 
 
 def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = PARITY_BATCH):

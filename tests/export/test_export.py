@@ -51,6 +51,7 @@ def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> No
         "decoder.onnx",
         "decoder_inplace.onnx",
         "encoder.onnx",
+        "greedy_pick.onnx",
         "manifest.json",
         "tokenizer.json",
     ]
