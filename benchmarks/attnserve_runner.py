@@ -29,7 +29,8 @@ def fixed_greedy(
     """Greedy decoding of exactly ``new_tokens`` tokens per row, ``suppress`` ids never chosen.
 
     The benchmark counterpart of ``serving.engine.greedy.greedy`` (which stops rows at EOS): the
-    same KV-cache steps (``DecodeCache``), every row decoding to the fixed length.
+    same KV-cache steps (``DecodeCache.step_greedy``: the argmax chosen on the device where the
+    graph can), every row decoding to the fixed length.
 
     Returns:
         (batch, new_tokens) int64 token ids.
@@ -38,13 +39,19 @@ def fixed_greedy(
     rows = np.concatenate(cache.admit(encoded, [1] * batch))
     tokens = np.full(batch, spec.decoder_start_id, dtype=np.int64)
     out = np.empty((batch, new_tokens), dtype=np.int64)
-    banned = np.asarray(list(suppress), dtype=np.int64)
+    no_eos = np.full(batch, spec.eos_id in suppress)  # EOS masked where it is chosen
+    banned = np.asarray([i for i in suppress if i != spec.eos_id], dtype=np.int64)
     try:
         for step in range(new_tokens):
-            logits = cache.step(rows, tokens, np.full(batch, step, dtype=np.int64))
-            last = np.array(logits, dtype=np.float32)
-            last[:, banned] = -np.inf
-            tokens = last.argmax(-1).astype(np.int64)
+            positions = np.full(batch, step, dtype=np.int64)
+            greedy = cache.step_greedy(rows, tokens, positions, no_eos)
+            tokens = greedy.tokens.astype(np.int64)  # a copy: the step's buffer is reused
+            again = np.isin(tokens, banned) | np.isnan(greedy.best)
+            if again.any():  # another suppressed winner, or a NaN: argmax without them
+                last = np.array(greedy.logits()[again], dtype=np.float32)
+                last[:, banned] = -np.inf
+                last[:, spec.eos_id] = np.where(no_eos[again], -np.inf, last[:, spec.eos_id])
+                tokens[again] = last.argmax(-1)
             out[:, step] = tokens
     finally:
         cache.release(rows)
@@ -133,6 +140,9 @@ class AttnServeRunner(Runner):
             raise Unavailable(f"{entry} cannot decode with the {kv_cache} KV cache here")
         if cuda_graph and getattr(self.cache.decoder, "captured", None) is None:
             raise Unavailable(f"{entry}: the in-place decoder's session captures no CUDA graphs")
+        # greedy steps of at least this many logits pick their tokens on the device (None: never)
+        picks = getattr(getattr(self.cache, "decoder", None), "greedy", False)
+        self.config["greedy_pick_min_logits"] = self.cache.pick_min_logits if picks else None
         self.new_tokens = new_tokens
         self.spec = config.decoder
 
@@ -219,13 +229,16 @@ def export_attnserve(
     ``export(precision="int8")`` does after a second trace), to keep CI runs short. An int8
     ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``.
     """
+    from contract.graphs import GREEDY_PICK_FILE
     from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
 
     repository = Path(cache) / f"repo-{shape.key()}"
     name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
-    if exported and read_manifest(entry / "1").get("format") == REPOSITORY_FORMAT:
+    # entries from before the greedy pick graph (2026-11-26) are exported again
+    current = exported and (entry / "1" / GREEDY_PICK_FILE).is_file()
+    if current and read_manifest(entry / "1").get("format") == REPOSITORY_FORMAT:
         return entry
     if precision == "int8" and fast_int8:
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)

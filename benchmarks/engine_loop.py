@@ -7,9 +7,9 @@ H200), so what the engine does in Python for every row of every step (choose the
 it, hand it to the caller's event loop) decides how close served decoding gets to the model's
 offline rate. This measures that work alone: a real ``InFlightEngine`` over the translator's
 real in-place cache (rows, widths, re-layouts, cross keys written by the real graphs) whose
-decoder step returns precomputed logits at once. ``--streams`` clients in this process's event
-loop each decode 64-token greedy requests one after another (closed loop, exactly 64 tokens:
-EOS never wins), for ``--duration`` seconds after a warm-up.
+decoder step returns precomputed logits (or their greedy outputs) at once. ``--streams``
+clients in this process's event loop each decode 64-token greedy requests one after another
+(closed loop, exactly 64 tokens: EOS never wins), for ``--duration`` seconds after a warm-up.
 
 Writes ``benchmarks/results/engine-loop-*.json``: per stream count, new tokens/s, decode steps/s,
 rows per step, and wall time per step and per row-step with the encoder's time (real, on this
@@ -70,10 +70,18 @@ def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed]:
     logits = logits.astype(np.float32)
     logits[:, :, spec.eos_id] = -1e9
 
+    tokens, best = logits.argmax(-1), logits.max(-1)  # what the graph's greedy outputs give
+
     def step(input_ids: np.ndarray, *_: Any) -> np.ndarray:
         return logits[: len(input_ids), 0]
 
-    engine.cache.decoder.step = step
+    def step_greedy(input_ids: np.ndarray, *_: Any, **__: Any) -> tuple[np.ndarray, np.ndarray]:
+        return tokens[: len(input_ids), 0], best[: len(input_ids), 0]
+
+    decoder = engine.cache.decoder
+    decoder.step, decoder.step_greedy = step, step_greedy
+    decoder.last_logits = lambda: logits[:, 0]
+    decoder.greedy = True  # as on a GPU: large greedy steps take the pick's ids, not the logits
     encode = _Timed(engine.runner.encode)
     engine.runner.encode = encode
     return engine, encode

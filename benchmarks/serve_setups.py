@@ -69,10 +69,17 @@ CUDA_BATCHING_EDITS: dict[str, dict[str, Any]] = {
 
 def shipped_repository(cache: Path) -> Path:
     """The shipped translator and ViT, exported into the cache (fp32, as plans/shipped.yaml)."""
+    from contract.graphs import GREEDY_PICK_FILE
     from contract.repository import CONFIG_FILE
 
     repository = Path(cache) / "shipped-repository"
-    missing = [m for m in MODELS if not (repository / m / CONFIG_FILE).is_file()]
+    missing = [
+        m
+        for m in MODELS
+        if not (repository / m / CONFIG_FILE).is_file()
+        # a translator from before the greedy pick graph (2026-11-26) is exported again
+        or (m == "translator" and not list(repository.glob(f"{m}/*/{GREEDY_PICK_FILE}")))
+    ]
     if missing:
         from export.exporter import ExportOptions, export
 

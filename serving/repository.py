@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from contract.graphs import DECODER, ENCODER, INPLACE_GRAPH_FILES, graph_files
+from contract.graphs import (
+    DECODER,
+    ENCODER,
+    INPLACE_GRAPH_FILES,
+    OPTIONAL_INPLACE_GRAPH_FILES,
+    graph_files,
+)
 from contract.model_config import GeneratorConfig, ModelConfig
 from contract.repository import (
     CONFIG_FILE,
@@ -48,6 +54,8 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
     inplace = {ENCODER: files.get(ENCODER, ""), **INPLACE_GRAPH_FILES}
     wanted = isinstance(config, GeneratorConfig) and config.onnxruntime.kv_cache == "inplace"
     if wanted and all((version_dir / name).is_file() for name in inplace.values()):
+        optional = OPTIONAL_INPLACE_GRAPH_FILES.items()  # absent from older exports
+        inplace |= {graph: name for graph, name in optional if (version_dir / name).is_file()}
         try:
             return OnnxRuntimeBackend(version_dir, inplace, config.onnxruntime)
         except BackendError as err:  # e.g. an ONNX Runtime without opset 24

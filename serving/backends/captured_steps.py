@@ -6,7 +6,7 @@ made once per step shape (batch rows and cache widths), and each step overwrites
 place (``OrtValue.update_inplace``) before ONNX Runtime runs the graph of that shape. The run
 option ``gpu_graph_id`` names the graph; ONNX Runtime's CUDA provider (``enable_cuda_graph``)
 captures a graph id's run after its warm-up runs and replays it from then on. The KV cache
-buffers are fixed already (``onnxruntime_io.CacheBuffer``).
+buffers are fixed already (``cache_buffers.CacheBuffer``).
 
 The same bindings run on the CPU, where there is nothing to capture; the tests check them there.
 """
@@ -83,6 +83,7 @@ class CapturedSteps:
         self.vocab_size = vocab_size
         self.max_graphs = max_graphs
         self._shapes: dict[tuple[int, ...], _Shape] = {}
+        self._last: _Shape | None = None  # the latest step's shape
 
     @property
     def graphs(self) -> int:
@@ -99,6 +100,30 @@ class CapturedSteps:
         """One step of shape ``key`` (``batch`` rows first): write ``feeds`` into its inputs, run,
         return the logits (batch, 1, vocab). ``bind_caches`` binds the cache buffers of that
         shape the first time it runs."""
+        self._step(key, batch, bind_caches, feeds)
+        return self.last_logits()
+
+    def run_on_device(
+        self,
+        key: tuple[int, ...],
+        batch: int,
+        bind_caches: Callable[[ort.IOBinding], None],
+        feeds: Mapping[str, np.ndarray],
+    ) -> ort.OrtValue:
+        """``run``, leaving the logits where the step wrote them: returns their tensor (on the
+        device, finished), which ``last_logits`` copies to the host if asked to."""
+        shape = self._step(key, batch, bind_caches, feeds)
+        if shape.host_logits is None:
+            shape.io.synchronize_outputs()  # what reads them next may run on another stream
+        return shape.logits
+
+    def _step(
+        self,
+        key: tuple[int, ...],
+        batch: int,
+        bind_caches: Callable[[ort.IOBinding], None],
+        feeds: Mapping[str, np.ndarray],
+    ) -> _Shape:
         shape = self._shapes.get(key)
         if shape is None:
             graph_id = next(_GRAPH_IDS) if len(self._shapes) < self.max_graphs else NO_GRAPH
@@ -112,6 +137,13 @@ class CapturedSteps:
                 raise
             self._without_graphs(key, shape, err)
             self.session.run_with_iobinding(shape.io, shape.run_options)
+        self._last = shape
+        return shape
+
+    def last_logits(self) -> np.ndarray:
+        """The latest step's logits (batch, 1, vocab) on the host."""
+        shape = self._last
+        assert shape is not None, "no step has run"
         if shape.host_logits is not None:
             return shape.host_logits
         if shape.pinned is not None and self.host is not None:

@@ -1,4 +1,5 @@
-"""Page-locked host memory for what a decode step copies back from the GPU: the logits.
+"""Page-locked host memory for what a decode step copies back from the GPU: the logits, or the
+greedy ids and logits (``export/greedy_outputs.py``).
 
 Every decode step on CUDA copies each row's logits to the host (the token is chosen there):
 [rows, vocab] floats, 8 MB at 256 rows of an 8,000-token vocabulary. Into ordinary (pageable)
@@ -81,12 +82,15 @@ class CudaHost:
             target.ctypes.data, device_pointer, target.nbytes, _DEVICE_TO_HOST
         )
         if error != 0:
-            raise BackendError(f"cudaMemcpy of the logits to the host failed (CUDA error {error})")
+            raise BackendError(f"cudaMemcpy of a decoder output failed (CUDA error {error})")
 
 
-def pinned_empty(shape: tuple[int, ...], host: CudaHost | None) -> np.ndarray:
-    """A float32 host buffer of ``shape``, page-locked when ``host`` can (zero-filled)."""
-    array = np.zeros(shape, dtype=np.float32)
+def pinned_empty(
+    shape: tuple[int, ...], host: CudaHost | None, dtype: type = np.float32
+) -> np.ndarray:
+    """A host buffer of ``shape`` (float32 unless ``dtype``), page-locked when ``host`` can
+    (zero-filled)."""
+    array = np.zeros(shape, dtype=dtype)
     if host is not None:
         host.pin(array)
     return array

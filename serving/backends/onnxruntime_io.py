@@ -7,6 +7,9 @@ preallocated tensors of ``rows x ...``; every call binds the leading rows it nee
 - ``step``: the in-place decoder graph writes each row's new key / value into the cache where it
   lies (its ``present_*`` outputs are bound to the ``past_*`` buffers); only the token ids and
   the per-row lengths go in, only the logits come out;
+- ``step_greedy``: the same step, then the ``greedy_pick`` graph over its logits where they lie:
+  only each row's argmax and its logit come to the host; the logits stay on the device until
+  ``last_logits`` asks for them;
 - ``write_cross``: a joining request's encoder output goes into its rows (``cache_write`` graph);
 - ``copy_rows``: beam search continues a row in another (``cache_copy`` graph);
 - ``resize``: a cache re-laid out at another width when its longest row needs it
@@ -19,7 +22,6 @@ device memory); ``contract.graphs`` documents the three graphs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -29,6 +31,12 @@ from contract.graphs import (
     CACHE_RESIZE,
     CACHE_WRITE,
     DECODER_INPLACE,
+    GREEDY_EOS,
+    GREEDY_IDS,
+    GREEDY_LOGIT,
+    GREEDY_NO_EOS,
+    GREEDY_PICK,
+    GREEDY_SUPPRESSED,
     LOGITS,
     ROWS,
     SOURCE_ROWS,
@@ -38,141 +46,15 @@ from contract.graphs import (
     present_name,
     resize_buffer_names,
     update_name,
-    vector_size,
-    width_axis,
     written_name,
 )
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
+from serving.backends.cache_buffers import NUMPY_TYPES, CacheBuffer, Device, cache_buffers
 from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
 from serving.backends.host_memory import CudaHost, pinned_empty
 
-CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
-_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where a session computes: ``cpu``, or ``cuda`` with its index."""
-
-    kind: str = "cpu"
-    index: int = 0
-
-    @classmethod
-    def of(cls, session: ort.InferenceSession) -> Device:
-        """The device of a session's first (preferred) execution provider."""
-        first = session.get_providers()[0]
-        if first in CUDA_PROVIDERS:
-            options = session.get_provider_options().get(first, {})
-            return cls("cuda", int(options.get("device_id", 0)))
-        return cls("cpu", 0)
-
-
-class CacheBuffer:
-    """Memory on a device for ``rows x heads x max_width x inner`` values, laid out compactly for
-    the current ``width`` <= ``max_width`` as ``[rows, heads, width, inner]``, or as
-    ``[rows, heads, inner, width]`` when ``width_last`` (an int8 cache's transposed keys).
-
-    ``inner`` is the head size, or 1 for an int8 cache's scales. The leading rows are bound to a
-    graph by address (a contiguous prefix). Zero-filled, so that positions no row has written
-    hold finite values.
-    """
-
-    def __init__(
-        self,
-        rows: int,
-        heads: int,
-        max_width: int,
-        inner: int,
-        dtype: type,
-        device: Device,
-        width_last: bool = False,
-    ) -> None:
-        self.rows, self.heads, self.max_width, self.inner = rows, heads, max_width, inner
-        self.width_last = width_last
-        self.width = max_width
-        self.dtype = np.dtype(dtype)
-        self.device = device
-        zeros = np.zeros(rows * heads * max_width * inner, dtype=self.dtype)
-        if device.kind == "cpu":
-            self._host: np.ndarray | None = zeros  # the OrtValue below shares this memory
-            self.value = ort.OrtValue.ortvalue_from_numpy(zeros)
-        else:
-            self._host = None
-            self.value = ort.OrtValue.ortvalue_from_numpy(zeros, device.kind, device.index)
-        self.pointer = self.value.data_ptr()
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.heads * self.max_width * self.inner * self.dtype.itemsize
-
-    def shape(self, rows: int) -> list[int]:
-        if self.width_last:
-            return [rows, self.heads, self.inner, self.width]
-        return [rows, self.heads, self.width, self.inner]
-
-    def bind(self, io: ort.IOBinding, name: str, rows: int, *, output: bool = False) -> None:
-        """Bind rows ``[0, rows)`` at the current width as input (or output) ``name``."""
-        bind = io.bind_output if output else io.bind_input
-        bind(name, self.device.kind, self.device.index, self.dtype, self.shape(rows), self.pointer)
-
-    def relayout(self, width: int, rows: int) -> None:
-        """Lay rows ``[0, rows)`` out again at ``width`` positions, in host memory (CPU buffers
-        only): cut, or zero-padded along the position axis, as ``cache_resize`` does on a device.
-
-        Every run of positions (per row and head, and per channel when ``width_last``) moves as
-        one block of a 2-D view: two numpy copies, about twice as fast here as the two runs of
-        ``cache_resize`` (4 rows of Marian-base, 32 -> 64 positions: 0.36 against 1.04 ms).
-        """
-        if self._host is None:
-            raise RuntimeError("only CPU buffers are laid out again in host memory")
-        step = 1 if self.width_last else self.inner
-        blocks = rows * self.heads * (self.inner if self.width_last else 1)
-        old, new = self.width * step, width * step
-        kept = self._host[: blocks * old].reshape(blocks, old)[:, : min(old, new)].copy()
-        target = self._host[: blocks * new].reshape(blocks, new)
-        target[:, : kept.shape[1]] = kept
-        target[:, kept.shape[1] :] = 0
-        self.width = width
-
-    def host(self) -> np.ndarray:
-        """A numpy view of the current layout (CPU buffers only; tests look inside)."""
-        if self._host is None:
-            raise RuntimeError("only CPU buffers have a host view")
-        shape = self.shape(self.rows)
-        return self._host[: int(np.prod(shape))].reshape(shape)
-
-
-def cache_buffers(
-    names: list[str],
-    layout: str,
-    types: Mapping[str, str],
-    spec: DecoderSpec,
-    rows: int,
-    width: int,
-    device: Device,
-) -> dict[str, CacheBuffer]:
-    """The buffers of cache tensors ``names``, typed as the decoder graph takes them (``types``:
-    input name -> ONNX type) and laid out as ``layout`` (``float`` | ``int8``: scales beside
-    every buffer, keys transposed) lays them out.
-
-    Raises:
-        BackendError: the graph lacks one of them, or takes a type no cache is kept in.
-    """
-    unknown = [n for n in names if types.get(n) not in _NUMPY_TYPES]
-    if unknown:
-        raise BackendError(
-            f"{DECODER_INPLACE} does not take the cache inputs {unknown} as float, float16 or "
-            "int8 tensors; re-export the model"
-        )
-    buffers = {}
-    for name in names:
-        inner = vector_size(name, spec.head_dim)
-        dtype = _NUMPY_TYPES[types[name]]
-        width_last = width_axis(name, layout) == 3
-        buffers[name] = CacheBuffer(rows, spec.num_heads, width, inner, dtype, device, width_last)
-    return buffers
 
 
 class InPlaceDecoder:
@@ -192,6 +74,9 @@ class InPlaceDecoder:
         source_capacity: cross-attention positions per row (the longest encoder output).
         fixed_bindings: run steps at fixed addresses (``captured_steps``), as CUDA graphs need;
             None: when the decoder's session captures CUDA graphs.
+        device_greedy: greedy steps pick their tokens with the ``greedy_pick`` graph (when
+            ``sessions`` has it); None: on a device only (on the CPU numpy's argmax over the
+            logits in host memory is cheaper: ``export/greedy_pick.py``).
 
     Raises:
         BackendError: a graph is missing or its inputs are not the in-place contract's.
@@ -205,6 +90,7 @@ class InPlaceDecoder:
         capacity: int,
         source_capacity: int,
         fixed_bindings: bool | None = None,
+        device_greedy: bool | None = None,
     ) -> None:
         missing = [g for g in INPLACE_GRAPHS if g not in sessions]
         if missing:
@@ -219,7 +105,7 @@ class InPlaceDecoder:
         types = {i.name: i.type for i in self.decoder.get_inputs()}
         if past_names[0] not in types or "cache_lengths" not in types:
             raise BackendError(f"{DECODER_INPLACE} does not take the in-place decoder's inputs")
-        self.kv_dtype = _NUMPY_TYPES.get(types[past_names[0]], np.float32)
+        self.kv_dtype = NUMPY_TYPES.get(types[past_names[0]], np.float32)
         layout = "int8" if self.kv_dtype == np.int8 else "float"
         # cache_write takes the encoder's cross keys / values: float, also for an int8 cache
         self.update_dtype = np.float32 if layout == "int8" else self.kv_dtype
@@ -232,13 +118,29 @@ class InPlaceDecoder:
         # on CUDA the logits come back into page-locked memory where the runtime allows
         self.host = CudaHost.load() if device.kind == "cuda" else None
         self.logits = pinned_empty((rows, 1, spec.vocab_size), self.host)
-        self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
+        self.picker = sessions.get(GREEDY_PICK)  # exports since 2026-11-26
+        if device_greedy is None:
+            device_greedy = device.kind != "cpu"
+        self.greedy = self.picker is not None and device_greedy  # step_greedy can run
+        self.suppressed = np.asarray(spec.suppress_ids, dtype=np.int64)
+        self.eos_id = spec.eos_id
+        self._masks = self._pick_masks(spec) if self.greedy else {}
+        self.greedy_ids = pinned_empty((rows, 1), self.host, np.int64)
+        self.greedy_logit = pinned_empty((rows, 1), self.host)
+        self._device_logits: ort.OrtValue | None = None  # greedy steps' logits on a device
+        # per kind of step (logits left on the device or not): the binding of the latest shape
+        self._bound: dict[bool, tuple[tuple[int, int, int], ort.IOBinding]] = {}
+        self._picks: dict[tuple[int, int], ort.IOBinding] = {}  # (rows, logits' address)
+        self._last: tuple[int, ort.IOBinding | None] = (0, None)  # rows, binding of device logits
         self.bytes = sum(b.nbytes for b in (*self.past.values(), *self.cross.values()))
         if fixed_bindings is None:
             fixed_bindings = captures_cuda_graphs(self.decoder)
         self.captured = (
             CapturedSteps(
-                self.decoder, (device.kind, device.index), spec.vocab_size, host=self.host
+                self.decoder,
+                (device.kind, device.index),
+                spec.vocab_size,
+                host=self.host,
             )
             if fixed_bindings
             else None
@@ -269,26 +171,148 @@ class InPlaceDecoder:
         batch = len(input_ids)
         if self.captured is not None:
             return self._captured_step(batch, input_ids, cache_lengths, cross_lengths)
-        io = self._step_binding(batch)
-        io.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids[:, None], dtype=np.int64))
-        io.bind_cpu_input("cache_lengths", np.ascontiguousarray(cache_lengths, dtype=np.int64))
-        io.bind_cpu_input("cross_lengths", np.ascontiguousarray(cross_lengths, dtype=np.int64))
-        self._run(self.decoder, io, DECODER_INPLACE)
+        self._run_step(batch, input_ids, cache_lengths, cross_lengths, device_logits=False)
         return self.logits[:batch, 0]
 
-    def _step_binding(self, batch: int) -> ort.IOBinding:
-        """The decoder's binding of the caches and logits for ``batch`` rows at the current
-        widths: kept from the previous step while those stay the same (a step then rebinds only
-        its three small inputs), built again when a join, a leave or a re-layout changes them."""
-        key = (batch, self.past_width, self.source_width)
-        if self._bound is not None and self._bound[0] == key:
-            return self._bound[1]
+    def step_greedy(
+        self,
+        input_ids: np.ndarray,
+        cache_lengths: np.ndarray,
+        cross_lengths: np.ndarray,
+        no_eos: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``step``, returning each row's greedy token (B,) int64 and its logit (B,) float32,
+        picked by the ``greedy_pick`` graph where the logits lie (``self.greedy``): never a
+        suppressed id, not EOS where ``no_eos`` (B,) bool; the logit -inf where nothing is
+        allowed, NaN where the row holds a NaN. On a device only those come to the host;
+        ``last_logits`` fetches the logits if a row needs them. Both are views of buffers the
+        next step reuses."""
+        if not self.greedy or self.picker is None:
+            raise BackendError(f"this model has no {GREEDY_PICK} graph or does not pick with it")
+        batch = len(input_ids)
+        if self.captured is not None:
+            feeds = self._feeds(input_ids, cache_lengths, cross_lengths)
+            try:
+                logits = self.captured.run_on_device(
+                    self._shape_key(batch), batch, lambda io: self._bind_caches(io, batch), feeds
+                )
+            except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+                raise BackendError(f"{DECODER_INPLACE} graph failed: {err}") from err
+            kind, pointer = logits.device_name(), logits.data_ptr()
+        else:
+            on_device = self.device.kind != "cpu"
+            self._run_step(batch, input_ids, cache_lengths, cross_lengths, device_logits=on_device)
+            if on_device:
+                io = self._last[1]
+                assert io is not None
+                io.synchronize_outputs()  # the pick may run on another stream
+                kind, pointer = self.device.kind, self._logits_on_device().data_ptr()
+            else:
+                kind, pointer = "cpu", self.logits.ctypes.data
+        self._pick(batch, kind, pointer, no_eos)
+        return self.greedy_ids[:batch, 0], self.greedy_logit[:batch, 0]
+
+    def _pick(self, batch: int, kind: str, pointer: int, no_eos: np.ndarray) -> None:
+        """Run ``greedy_pick`` over the logits of ``batch`` rows at ``pointer``."""
+        assert self.picker is not None
+        io = self._picks.get((batch, pointer))
+        if io is None:
+            io = self.picker.io_binding()
+            index = self.device.index if kind != "cpu" else 0
+            dims = [batch, 1, self.logits.shape[-1]]
+            io.bind_input(LOGITS, kind, index, np.float32, dims, pointer)
+            for name, (_, mask) in self._masks.items():
+                io.bind_ortvalue_input(name, mask)
+            for name, host in ((GREEDY_IDS, self.greedy_ids), (GREEDY_LOGIT, self.greedy_logit)):
+                io.bind_output(name, "cpu", 0, host.dtype, [batch, 1], host.ctypes.data)
+            self._picks[(batch, pointer)] = io
+        rows_no_eos = np.ascontiguousarray(no_eos, dtype=bool).reshape(batch, 1, 1)
+        io.bind_cpu_input(GREEDY_NO_EOS, rows_no_eos)
+        self._run(self.picker, io, GREEDY_PICK)
+
+    def _pick_masks(self, spec: DecoderSpec) -> dict[str, tuple[np.ndarray, ort.OrtValue]]:
+        """The pick's fixed inputs on the decoder's device: the suppressed ids and EOS, one-hot
+        (with the host arrays, which a CPU tensor shares)."""
+        masks = {}
+        for name, ids in ((GREEDY_SUPPRESSED, self.suppressed), (GREEDY_EOS, [spec.eos_id])):
+            mask = np.zeros((1, 1, spec.vocab_size), dtype=bool)
+            mask[0, 0, ids] = True
+            value = ort.OrtValue.ortvalue_from_numpy(mask, self.device.kind, self.device.index)
+            masks[name] = (mask, value)
+        return masks
+
+    def last_logits(self) -> np.ndarray:
+        """The logits (B, vocab) of the latest step, copied from the device where a greedy step
+        left them there (a view of a buffer the next step reuses)."""
+        if self.captured is not None:
+            return self.captured.last_logits()[:, 0]
+        batch, io = self._last
+        if io is not None and self._device_logits is not None:
+            io.synchronize_outputs()  # the copy runs on another stream than ONNX Runtime's
+            if self.host is not None:
+                self.host.copy_to_host(self.logits[:batch], self._device_logits.data_ptr())
+            else:
+                self.logits[:batch] = self._device_logits.numpy()[:batch]
+            self._last = (batch, None)  # on the host now
+        return self.logits[:batch, 0]
+
+    def _run_step(
+        self,
+        batch: int,
+        input_ids: np.ndarray,
+        cache_lengths: np.ndarray,
+        cross_lengths: np.ndarray,
+        device_logits: bool,
+    ) -> None:
+        io = self._step_binding(batch, device_logits)
+        for name, value in self._feeds(input_ids, cache_lengths, cross_lengths).items():
+            io.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
+        self._run(self.decoder, io, DECODER_INPLACE)
+        self._last = (batch, io if device_logits else None)
+
+    @staticmethod
+    def _feeds(
+        input_ids: np.ndarray, cache_lengths: np.ndarray, cross_lengths: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        return {
+            "input_ids": input_ids[:, None],
+            "cache_lengths": cache_lengths,
+            "cross_lengths": cross_lengths,
+        }
+
+    def _shape_key(self, batch: int) -> tuple[int, int, int]:
+        return (batch, self.past_width, self.source_width)
+
+    def _step_binding(self, batch: int, device_logits: bool) -> ort.IOBinding:
+        """The decoder's binding of the caches and outputs for ``batch`` rows at the current
+        widths: kept from the previous step of its kind while those stay the same (a step then
+        rebinds only its three small inputs), built again when a join, a leave or a re-layout
+        changes them. The logits go to the host, or with ``device_logits`` stay on the
+        device."""
+        key = self._shape_key(batch)
+        bound = self._bound.get(device_logits)
+        if bound is not None and bound[0] == key:
+            return bound[1]
         io = self.decoder.io_binding()
         self._bind_caches(io, batch)
-        logits = self.logits[:batch]
-        io.bind_output(LOGITS, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self._bound = (key, io)
+        dims = [batch, 1, self.logits.shape[-1]]
+        if device_logits:
+            value = self._logits_on_device()
+            kind, index = self.device.kind, self.device.index
+            io.bind_output(LOGITS, kind, index, np.float32, dims, value.data_ptr())
+        else:
+            io.bind_output(LOGITS, "cpu", 0, np.float32, dims, self.logits.ctypes.data)
+        self._bound[device_logits] = (key, io)
         return io
+
+    def _logits_on_device(self) -> ort.OrtValue:
+        if self._device_logits is None:
+            kind, index = self.device.kind, self.device.index
+            dims = list(self.logits.shape)
+            self._device_logits = ort.OrtValue.ortvalue_from_shape_and_type(
+                dims, np.float32, kind, index
+            )
+        return self._device_logits
 
     def _bind_caches(self, io: ort.IOBinding, batch: int) -> None:
         for name, buffer in self.past.items():
@@ -306,12 +330,8 @@ class InPlaceDecoder:
     ) -> np.ndarray:
         """``step`` through the fixed bindings of its shape (one CUDA graph per shape)."""
         assert self.captured is not None
-        key = (batch, self.past_width, self.source_width)
-        feeds = {
-            "input_ids": input_ids[:, None],
-            "cache_lengths": cache_lengths,
-            "cross_lengths": cross_lengths,
-        }
+        key = self._shape_key(batch)
+        feeds = self._feeds(input_ids, cache_lengths, cross_lengths)
         try:
             logits = self.captured.run(key, batch, lambda io: self._bind_caches(io, batch), feeds)
         except Exception as err:  # onnxruntime's exceptions are not a public hierarchy

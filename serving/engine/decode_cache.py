@@ -9,17 +9,71 @@ Two implementations:
   graph, padded numpy arrays fed every step (backends without IO binding, older exports).
 
 Rows are named by stable integers the cache hands out on ``admit``; a step names the rows it
-runs, in any order, and gets their logits in that order.
+runs, in any order, and gets their logits in that order. A step in which every row decodes
+greedily may ask for ``step_greedy`` instead: each row's argmax, chosen on the device where the
+decoder graph has greedy outputs, with the logits fetched only if asked for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from serving.seq2seq import Encoded
+
+
+class GreedyStep:
+    """What a greedy step returns, per row in the step's order.
+
+    Attributes:
+        tokens: (n,) int64 each row's argmax over the tokens it may choose (never a suppressed
+            id, not EOS where the step said ``no_eos``), the lowest id on ties.
+        best: (n,) float32 the logit of that token: -inf where no token is allowed, NaN where
+            the row holds a NaN (its sampler then decides from ``logits()``).
+    """
+
+    def __init__(
+        self, tokens: np.ndarray, best: np.ndarray, fetch: Callable[[], np.ndarray]
+    ) -> None:
+        self.tokens, self.best = tokens, best
+        self._fetch: Callable[[], np.ndarray] | None = fetch
+        self._logits: np.ndarray | None = None
+
+    @classmethod
+    def of_logits(
+        cls,
+        logits: np.ndarray,
+        suppressed: np.ndarray,
+        eos_id: int,
+        no_eos: np.ndarray | None = None,
+    ) -> GreedyStep:
+        """The greedy step of logits (n, vocab) on the host: numpy's argmax, taken again without
+        the tokens a row may not choose where one of them won (``suppressed`` ids; EOS for the
+        rows of ``no_eos``)."""
+        tokens = np.argmax(logits, axis=1)  # the first NaN, else the lowest id of the maximum
+        best = logits[np.arange(len(tokens)), tokens]
+        banned = np.isin(tokens, suppressed) if suppressed.size else np.zeros(len(tokens), bool)
+        if no_eos is not None:
+            banned |= no_eos & (tokens == eos_id)
+        banned &= ~np.isnan(best)  # NaN says enough: the sampler decides
+        if banned.any():
+            allowed = logits[banned]  # a copy
+            allowed[:, suppressed] = -np.inf
+            if no_eos is not None:
+                allowed[no_eos[banned], eos_id] = -np.inf
+            tokens[banned] = np.argmax(allowed, axis=1)
+            best[banned] = allowed.max(axis=1)
+        return cls(tokens, best, lambda: logits)
+
+    def logits(self) -> np.ndarray:
+        """The rows' logits (n, vocab), fetched from the device on the first call; valid until
+        the cache's next step."""
+        if self._logits is None:
+            assert self._fetch is not None
+            self._logits, self._fetch = self._fetch(), None
+        return self._logits
 
 
 class DecodeCache(Protocol):
@@ -49,6 +103,18 @@ class DecodeCache(Protocol):
         """One decoder step: token ``input_ids[j]`` at position ``positions[j]`` (tokens the row
         has fed before) for row ``rows[j]``; returns the logits (len(rows), vocab), valid until
         the next step (they may be a view of a buffer the next step overwrites)."""
+        ...
+
+    def step_greedy(
+        self,
+        rows: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        no_eos: np.ndarray | None = None,
+    ) -> GreedyStep:
+        """``step``, returning what greedy decoding needs: each row's argmax over the tokens it
+        may choose (never the model's ``suppress_ids``; not EOS where ``no_eos[j]``) and its
+        logit, with the logits only on request (on the device until then where they can be)."""
         ...
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
-from serving.engine.decode_cache import DecodeCache
+from serving.engine.decode_cache import DecodeCache, GreedyStep
 from serving.engine.gauges import GaugeBoard
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
@@ -41,7 +41,7 @@ from serving.engine.requests import (
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
-from serving.generation.sampling import RowSampler, greedy_rows
+from serving.generation.sampling import RowSampler, greedy_decide, greedy_rows
 from serving.metrics import ServingMetrics, observe_many
 from serving.seq2seq import Encoded, Seq2SeqRunner
 
@@ -334,13 +334,24 @@ class InFlightEngine:
         done = np.array([seq.generated for seq in sequences], dtype=np.int64)
         rows = np.concatenate([seq.rows for seq in sequences])
         input_ids = np.concatenate([seq.next_inputs for seq in sequences])
-        logits = self.cache.step(rows, input_ids, np.repeat(done, counts))
+        positions = np.repeat(done, counts)
+        outputs: GreedyStep | None = None
+        if len(rows) == len(sequences) and all(seq.greedy for seq in sequences):
+            # every row greedy: the argmax over the allowed tokens, from the device where the
+            # cache can; the logits only if a row's sampler must decide (a NaN)
+            facts = self._greedy_facts(list(range(len(sequences))), done)
+            outputs = self.cache.step_greedy(rows, input_ids, positions, facts[0] < facts[1])
+        else:
+            logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(rows), stage="decoder_step")
         offsets = list(itertools.accumulate(counts, initial=0))
-        greedy = self._greedy_tokens(sequences, logits, offsets, done)
+        if outputs is not None:
+            greedy = dict(enumerate(greedy_decide(outputs.tokens, outputs.best, *facts).tolist()))
+        else:
+            greedy = self._greedy_tokens(sequences, logits, offsets, done)
         finished: list[_Sequence] = []
         for index, seq in enumerate(sequences):
             first = offsets[index]
@@ -353,7 +364,8 @@ class InFlightEngine:
             token = greedy.get(index, -1)
             if token < 0:  # sampling, or a greedy row its sampler must decide
                 assert seq.sampler is not None
-                token = seq.sampler.choose(logits[first], seq.generated)
+                row = outputs.logits()[first] if outputs is not None else logits[first]
+                token = seq.sampler.choose(row, seq.generated)
             if self._advance(seq, token, now):
                 finished.append(seq)
         self._count_new_tokens(now)
@@ -376,13 +388,22 @@ class InFlightEngine:
         every_row = len(picked) == len(logits)  # each sequence greedy, a row each: no gather
         chosen = greedy_rows(
             logits if every_row else logits[[offsets[i] for i in picked]],
+            *self._greedy_facts(picked, done),
+        )
+        return dict(zip(picked, chosen.tolist(), strict=True))
+
+    def _greedy_facts(
+        self, picked: list[int], done: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
+        """``greedy_rows``' arguments after the logits for the sequences ``picked``."""
+        sequences = self.sequences
+        return (
             done[picked],
             np.array([sequences[i].options.min_new_tokens for i in picked]),
             self.spec.eos_id,
             self._suppress,
             np.array([sequences[i].forced_eos_at for i in picked]),
         )
-        return dict(zip(picked, chosen.tolist(), strict=True))
 
     def _advance(self, seq: _Sequence, token: int, now: float) -> bool:
         """Record the sequence's next token; True when the sequence is finished."""

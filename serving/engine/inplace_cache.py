@@ -19,8 +19,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.engine.decode_cache import GreedyStep
 from serving.engine.slots import RowSlots, rows_to_compute, width_bucket
 from serving.seq2seq import Encoded
+
+# A greedy step picks its tokens on the device when its logits hold at least this many values
+# (512 KB of floats: 17 rows of an 8,000-token vocabulary). Below, copying the logits and numpy's
+# argmax cost less than the extra graph run (an estimate: on an H200 a batch-1 step took 0.86 ms
+# and one ONNX Runtime run costs some 40-60 us of host time; to be measured on a GPU).
+PICK_MIN_LOGITS = 1 << 17
 
 
 class InPlaceKVCache:
@@ -40,6 +47,8 @@ class InPlaceKVCache:
         self.lengths = np.zeros(decoder.rows, dtype=np.int64)  # tokens cached per row
         self.cross_lengths = np.ones(decoder.rows, dtype=np.int64)  # 1 for idle rows
         self.relayouts = 0  # cache re-layouts so far (tests and benchmarks read it)
+        self.vocab_size = decoder.logits.shape[-1]
+        self.pick_min_logits = PICK_MIN_LOGITS
         self._fit("past", 1)  # start narrow: nothing is cached yet
         self._fit("cross", 1)
         self.relayouts = 0
@@ -77,6 +86,42 @@ class InPlaceKVCache:
         return np.split(rows, np.cumsum(rows_per_request)[:-1])
 
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        logits = self.decoder.step(*self._step_inputs(rows, input_ids, positions))
+        self.lengths[rows] = positions + 1
+        return _of_rows(logits, rows)
+
+    def step_greedy(
+        self,
+        rows: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        no_eos: np.ndarray | None = None,
+    ) -> GreedyStep:
+        """Through the decoder's ``greedy_pick`` graph where it picks on the device and the step's
+        logits are at least ``pick_min_logits`` values (they then stay on the device unless
+        asked for), else the argmax of the logits on the host."""
+        batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
+        decoder = self.decoder
+        if not decoder.greedy or batch * self.vocab_size < self.pick_min_logits:
+            logits = self.step(rows, input_ids, positions)
+            return GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, no_eos)
+        banned_eos = np.zeros(batch, dtype=bool)
+        if no_eos is not None:
+            banned_eos[rows] = no_eos
+        inputs = self._step_inputs(rows, input_ids, positions)
+        tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
+        self.lengths[rows] = positions + 1
+
+        def logits() -> np.ndarray:
+            return _of_rows(decoder.last_logits(), rows)
+
+        return GreedyStep(_of_rows(tokens, rows), _of_rows(best, rows), logits)
+
+    def _step_inputs(
+        self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The decoder's inputs for a step of ``rows``: every row up to the step's bucket (idle
+        ones fed padding at length 0), after widening the cache if a row is about to outgrow it."""
         last = int(positions.max(initial=0))
         if last >= self.decoder.capacity:
             raise ValueError(f"position {last} is past the cache's {self.decoder.capacity}")
@@ -86,11 +131,7 @@ class InPlaceKVCache:
         ids[rows] = input_ids
         lengths = np.zeros(batch, dtype=np.int64)
         lengths[rows] = positions
-        logits = self.decoder.step(ids, lengths, self.cross_lengths[:batch])
-        self.lengths[rows] = positions + 1
-        if leading_rows(rows):  # rows 0..n-1 in order: the first n rows as they are, no copy
-            return logits[: len(rows)]
-        return logits[rows]
+        return ids, lengths, self.cross_lengths[:batch]
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
         if np.array_equal(rows, sources):
@@ -118,6 +159,11 @@ class InPlaceKVCache:
             return
         decoder.resize(which, width, self.slots.highest_used() + 1)
         self.relayouts += 1
+
+
+def _of_rows(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``values[rows]``; when the rows are 0..n-1 in order, the first n as they are (no copy)."""
+    return values[: len(rows)] if leading_rows(rows) else values[rows]
 
 
 def leading_rows(rows: np.ndarray) -> bool:

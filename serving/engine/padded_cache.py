@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from serving.engine.cache import BatchKVCache
+from serving.engine.decode_cache import GreedyStep
 from serving.seq2seq import Encoded, Seq2SeqRunner
 
 
@@ -61,6 +62,18 @@ class PaddedKVCache:
         )
         self.cache.append(presents, step_mask)
         return logits[:, -1]
+
+    def step_greedy(
+        self,
+        rows: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        no_eos: np.ndarray | None = None,
+    ) -> GreedyStep:
+        spec = self.runner.spec
+        suppressed = np.asarray(spec.suppress_ids, dtype=np.int64)
+        logits = self.step(rows, input_ids, positions)
+        return GreedyStep.of_logits(logits, suppressed, spec.eos_id, no_eos)
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
         where = {name: i for i, name in enumerate(self._names)}

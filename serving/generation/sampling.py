@@ -277,6 +277,21 @@ def greedy_rows(
     """
     tokens = np.argmax(logits, axis=1)  # lowest id on ties, the first +inf, as per row
     best = logits[np.arange(len(tokens)), tokens]
+    return greedy_decide(tokens, best, generated, min_new_tokens, eos_id, suppress, forced_eos_at)
+
+
+def greedy_decide(
+    tokens: np.ndarray,
+    best: np.ndarray,
+    generated: np.ndarray,
+    min_new_tokens: np.ndarray,
+    eos_id: int,
+    suppress: np.ndarray,
+    forced_eos_at: np.ndarray,
+) -> np.ndarray:
+    """``greedy_rows`` from each row's argmax ``tokens`` and its logit ``best`` (NaN where the
+    row holds a NaN), as a decoder graph's greedy outputs give them; the other arguments are
+    ``greedy_rows``'."""
     undecided = np.isnan(best) | ((tokens == eos_id) & (generated < min_new_tokens))
     if suppress.size:
         undecided |= np.isin(tokens, suppress)

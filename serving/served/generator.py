@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES
+from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, OPTIONAL_INPLACE_GRAPH_FILES
 from contract.model_config import GeneratorConfig
 from contract.text import load_text_tokenizer
 from serving.backends.base import Backend
@@ -79,7 +79,7 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
         return None
     limits, rows = config.limits, config.batching.decode_rows
     decoder = InPlaceDecoder(
-        {graph: backend.session(graph) for graph in INPLACE_GRAPH_FILES},
+        {graph: backend.session(graph) for graph in inplace_graphs(backend)},
         config.decoder,
         rows=rows,
         capacity=min(limits.max_new_tokens, config.decoder.max_positions - 1),
@@ -95,6 +95,13 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
     # CUDA graphs: one per step shape, so steps run at power-of-two batch sizes
     buckets = power_of_two_buckets(rows) if decoder.captured is not None else ()
     return InPlaceKVCache(decoder, config.decoder.pad_id, buckets)
+
+
+def inplace_graphs(backend: OnnxRuntimeBackend) -> list[str]:
+    """The in-place decoder's graphs the backend loaded: all of ``INPLACE_GRAPH_FILES``, and
+    the optional ones the export wrote (``greedy_pick``)."""
+    loaded = backend.graphs()
+    return [*INPLACE_GRAPH_FILES, *(g for g in OPTIONAL_INPLACE_GRAPH_FILES if g in loaded)]
 
 
 def local_engine(

@@ -2,8 +2,8 @@
 
 The fault is injected into the real server: a method of a live object of one served model is
 wrapped to raise once on a chosen call (a decoder step of a given width through the in-place
-decoder's ``step`` or the backend's ``run``, whichever the model decodes with; an encoder pass
-while others decode; a classifier batch); every other call runs the real graph.
+decoder's ``step_greedy`` or the backend's ``run``, whichever the model decodes with; an
+encoder pass while others decode; a classifier batch); every other call runs the real graph.
 tests/serving/test_engine.py covers the same property for an engine alone with a wrapped runner,
 tests/serving/test_dynamic_batcher.py for a batcher with a fake batch function; here it goes
 through gRPC, the servicers, the schedulers and the metrics. Asserted:
@@ -97,9 +97,10 @@ def decoder_fault(
     """A fault on the translator's decoder steps, whichever KV cache it decodes with."""
     served = model(server, "translator")
     if served.kv_cache == "inplace":
+        decoder = served.engine.cache.decoder
         return FaultOnce(
-            served.engine.cache.decoder,
-            "step",
+            decoder,
+            "step_greedy" if decoder.greedy else "step",  # the requests here are all greedy
             lambda ids, *rest: when_rows(len(ids)),
             error,
             slow_s,

@@ -53,14 +53,18 @@ def _install():
     from serving.backends import onnxruntime, onnxruntime_io
     from serving.backends.base import BackendError
 
-    step = onnxruntime_io.InPlaceDecoder.step
+    decoder = onnxruntime_io.InPlaceDecoder
+    steps = {"step": decoder.step, "step_greedy": decoder.step_greedy}
     run = onnxruntime.OnnxRuntimeBackend.run
 
-    def faulty_step(self, *args, **kwargs):
-        time.sleep(0.01)
-        if _armed("decoder"):
-            raise BackendError("decoder graph failed: injected fault")
-        return step(self, *args, **kwargs)
+    def faulty(name):
+        def faulty_step(self, *args, **kwargs):
+            time.sleep(0.01)
+            if _armed("decoder"):
+                raise BackendError("decoder graph failed: injected fault")
+            return steps[name](self, *args, **kwargs)
+
+        return faulty_step
 
     def faulty_run(self, graph, feeds):
         if graph == "encoder" and _armed("encoder"):
@@ -69,7 +73,8 @@ def _install():
             raise RuntimeError("injected fault: device lost")
         return run(self, graph, feeds)
 
-    onnxruntime_io.InPlaceDecoder.step = faulty_step
+    for name in steps:
+        setattr(decoder, name, faulty(name))
     onnxruntime.OnnxRuntimeBackend.run = faulty_run
 
 

@@ -269,11 +269,19 @@ def test_a_backend_fault_fails_only_its_batch(runner_and_config) -> None:
 
         failed = False
 
-        def step(self, *args):
+        @staticmethod
+        def fail_once() -> None:
             if not FlakyInPlace.failed:
                 FlakyInPlace.failed = True
                 raise BackendError("decoder_inplace graph failed: injected fault")
+
+        def step(self, *args):
+            self.fail_once()
             return super().step(*args)
+
+        def step_greedy(self, *args, **kwargs):  # greedy steps on a device come through here
+            self.fail_once()
+            return super().step_greedy(*args, **kwargs)
 
     flaky = Seq2SeqRunner(Flaky(runner.backend), config.decoder)
     rows = config.batching.max_active_sequences

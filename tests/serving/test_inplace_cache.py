@@ -358,7 +358,7 @@ def test_relayouts_keep_every_row_like_numpy(
 ) -> None:
     """A buffer re-laid out again and again holds, per row, what padding / cutting the first
     layout along its position axis gives (the other axes untouched)."""
-    from serving.backends.onnxruntime_io import CacheBuffer, Device
+    from serving.backends.cache_buffers import CacheBuffer, Device
 
     dtype = np.int8 if int8 else np.float32
     buffer = CacheBuffer(rows + 1, heads, 12, inner, dtype, Device(), width_last)

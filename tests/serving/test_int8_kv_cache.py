@@ -11,7 +11,7 @@ import pytest
 from contract.graphs import cache_buffer_names, is_scale, scale_name
 from export.exporter import ExportOptions, export
 from serving.backends.base import BackendError
-from serving.backends.onnxruntime_io import cache_buffers
+from serving.backends.cache_buffers import cache_buffers
 from serving.client import AttnServeClient
 from serving.engine.requests import GenerationRequest
 from tests.serving.server_thread import ServerThread
