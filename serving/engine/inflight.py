@@ -336,7 +336,8 @@ class InFlightEngine:
         input_ids = np.concatenate([seq.next_inputs for seq in sequences])
         positions = np.repeat(done, counts)
         outputs: GreedyStep | None = None
-        if len(rows) == len(sequences) and all(seq.greedy for seq in sequences):
+        greedy_pass = GREEDY_PASS_ROWS <= len(rows) == len(sequences)
+        if greedy_pass and all(seq.greedy for seq in sequences):
             # every row greedy: the argmax over the allowed tokens, from the device where the
             # cache can; the logits only if a row's sampler must decide (a NaN)
             facts = self._greedy_facts(list(range(len(sequences))), done)
