@@ -4,9 +4,11 @@ takes the argmax on the host; these tests make the decoder pick as it does on a 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from contract.graphs import (
@@ -32,12 +34,23 @@ from tests.serving.test_inplace_cache import decode_all
 ROWS = 8
 
 
-def picking(entry: Path, fixed: bool = False, device_greedy: bool = True):
+HAS_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def picking(
+    entry: Path,
+    fixed: bool = False,
+    device_greedy: bool | None = True,
+    providers: tuple[str, ...] = ("CPUExecutionProvider",),
+):
     """The translator's runner and an in-place cache that picks greedy tokens with the graph
     (``fixed``: at fixed addresses and batch buckets, as under CUDA graphs)."""
     config = read_model_config(entry)
     files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES, **OPTIONAL_INPLACE_GRAPH_FILES}
-    backend = OnnxRuntimeBackend(resolve_version(entry), files)
+    options = dataclasses.replace(
+        config.onnxruntime, execution_providers=providers, cuda_graph=fixed
+    )
+    backend = OnnxRuntimeBackend(resolve_version(entry), files, options)
     sessions = {graph: backend.session(graph) for graph in files if graph in backend.graphs()}
     decoder = InPlaceDecoder(
         sessions,
@@ -174,3 +187,20 @@ def test_the_engine_decodes_the_same_tokens_through_the_pick(
     assert [e.reason for e in ours] == [e.reason for e in theirs]
     assert picked_steps  # the pick ran
     assert cache.rows == 0
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the pick on a device needs onnxruntime-gpu and a GPU")
+@pytest.mark.parametrize("fixed", [False, True], ids=["plain", "cuda-graphs"])
+def test_on_cuda_the_pick_decodes_the_tokens_of_the_host_argmax(
+    tiny_repository: Path, fixed: bool
+) -> None:
+    """The same logits on the same GPU: the pick's tokens and the host's argmax agree exactly."""
+    cuda = ("CUDAExecutionProvider",)
+    entry = tiny_repository / "translator"
+    config, runner, cache = picking(entry, fixed, device_greedy=None, providers=cuda)
+    assert cache.decoder.device.kind == "cuda" and cache.decoder.greedy
+    assert (cache.decoder.captured is not None) == fixed
+    ours = decode_all(config, runner, cache, greedy_jobs())
+    _, host_runner, host = picking(entry, fixed, device_greedy=False, providers=cuda)
+    theirs = decode_all(config, host_runner, host, greedy_jobs())
+    assert [e.tokens for e in ours] == [e.tokens for e in theirs]
