@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -30,10 +31,34 @@ import numpy as np
 
 from benchmarks.marian import default_cache
 from benchmarks.output import write_probe
+from serving.gc_policy import DEFAULT_GEN0_THRESHOLD
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
 SOURCE = [5, 17, 42, 8, 99, 23, 61, 7, 30, 12, 3]  # 11 token ids, as the serve benchmark's text
+
+
+class _Collections:
+    """Counts the garbage collector's runs and seconds (``gc.callbacks``) while installed."""
+
+    def __init__(self) -> None:
+        self.runs, self.seconds, self.longest, self._started = 0, 0.0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            pause = time.perf_counter() - self._started
+            self.runs += 1
+            self.seconds += pause
+            self.longest = max(self.longest, pause)
+
+    def __enter__(self) -> _Collections:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
 
 
 class _Timed:
@@ -109,7 +134,8 @@ async def _point(
     steps = engine.steps
     started = time.perf_counter()
     until = started + duration
-    await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
+    with _Collections() as collections:
+        await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
     wall = time.perf_counter() - started
     steps = engine.steps - steps
     busy = wall - encode.seconds  # the encoder is real (this CPU); a GPU's is far cheaper
@@ -126,12 +152,25 @@ async def _point(
         "ms_per_step": round(busy / steps * 1e3, 4) if steps else None,
         "us_per_row_step": round(busy / counts[0] * 1e6, 2) if counts[0] else None,
         "tokens_per_s_without_encoder": round(counts[0] / busy, 1) if busy > 0 else None,
+        "gc_collections": collections.runs,  # both threads
+        "gc_seconds": round(collections.seconds, 4),
+        "gc_longest_ms": round(collections.longest * 1e3, 2),  # a pause no stream moves in
     }
 
 
-def measure(entry: Path, streams: list[int], duration: float, warmup: float) -> list[dict]:
-    """One engine with rows for the most streams; each stream count driven in turn."""
+def measure(
+    entry: Path,
+    streams: list[int],
+    duration: float,
+    warmup: float,
+    gc_gen0_threshold: int = DEFAULT_GEN0_THRESHOLD,
+) -> list[dict]:
+    """One engine with rows for the most streams; each stream count driven in turn. The garbage
+    collector is set as a serving process sets it (``serving.gc_policy``)."""
+    from serving.gc_policy import settle
+
     engine, encode = instant_engine(entry, max(streams))
+    settle(gc_gen0_threshold)
     engine.start()
     try:
         return [asyncio.run(_point(engine, encode, n, duration, warmup)) for n in streams]
@@ -150,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         help="exported repository with a translator entry (default: the shipped translator, "
         "exported into the benchmark cache on first use)",
     )
+    parser.add_argument(
+        "--gc-gen0-threshold",
+        type=int,
+        default=DEFAULT_GEN0_THRESHOLD,
+        help="the server's gc_gen0_threshold (0: Python's garbage-collector defaults)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     args = parser.parse_args(argv)
@@ -158,8 +203,18 @@ def main(argv: list[str] | None = None) -> int:
 
         args.repository = shipped_repository(default_cache())
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
-    points = measure(args.repository / "translator", args.streams, duration, warmup)
-    write_probe("engine-loop", points, args.out, args.tiny, duration, new_tokens=NEW_TOKENS)
+    points = measure(
+        args.repository / "translator", args.streams, duration, warmup, args.gc_gen0_threshold
+    )
+    write_probe(
+        "engine-loop",
+        points,
+        args.out,
+        args.tiny,
+        duration,
+        new_tokens=NEW_TOKENS,
+        gc_gen0_threshold=args.gc_gen0_threshold,
+    )
     return 0
 
 

@@ -164,9 +164,11 @@ def ensure_shipped_repository(repository: Path) -> None:
 
 
 async def _serve(config: ServerConfig) -> int:
+    from serving.gc_policy import settle
     from serving.server import create_server
 
     running = await create_server(config)
+    settle(config.gc_gen0_threshold)
     metrics = (
         f", metrics on {config.metrics_host}:{running.metrics_port}" if running.metrics_port else ""
     )

@@ -29,6 +29,9 @@ class ServerConfig:
     # gRPC frontend processes on the port (SO_REUSEPORT) in front of one engine process; 1 = one
     # process doing both, as a plain grpc.aio server (README: Serving / Processes).
     frontend_workers: int = 1
+    # Python's garbage collector once the models are loaded: the start-up heap frozen and a
+    # young collection every this many allocations (0: Python's defaults; serving.gc_policy)
+    gc_gen0_threshold: int = 50_000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -44,6 +47,8 @@ class ServerConfig:
             raise ValueError(f"{given} is set but {missing} is not; TLS needs both (or neither)")
         if self.frontend_workers < 1:
             raise ValueError(f"frontend_workers must be >= 1, got {self.frontend_workers}")
+        if self.gc_gen0_threshold < 0:
+            raise ValueError(f"gc_gen0_threshold must be >= 0, got {self.gc_gen0_threshold}")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
 

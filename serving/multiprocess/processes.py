@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from contract.model_config import ClassifierConfig, ModelConfig
+from serving.gc_policy import settle
 from serving.metrics import ServingMetrics
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
@@ -65,6 +66,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         ready.send(("error", str(err)))
         raise SystemExit(1) from err
     await repository.start()
+    settle(config.gc_gen0_threshold)
     server = EngineServer(repository, address)
     await server.bind()
     stop = _stop_event()
@@ -108,6 +110,7 @@ async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: 
         )
         own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
         running = await create_server(own, repository, metrics, reuse_port=True)
+        settle(config.gc_gen0_threshold)
     except (RepositoryError, OSError, ValueError) as err:
         ready.send(("error", str(err)))
         await client.close()
