@@ -31,7 +31,6 @@ import numpy as np
 
 from benchmarks.marian import default_cache
 from benchmarks.output import write_probe
-from serving.gc_policy import DEFAULT_GEN0_THRESHOLD
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
@@ -163,14 +162,15 @@ def measure(
     streams: list[int],
     duration: float,
     warmup: float,
-    gc_gen0_threshold: int = DEFAULT_GEN0_THRESHOLD,
+    gc_freeze: bool = True,
+    gc_gen0_threshold: int = 0,
 ) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn. The garbage
     collector is set as a serving process sets it (``serving.gc_policy``)."""
     from serving.gc_policy import settle
 
     engine, encode = instant_engine(entry, max(streams))
-    settle(gc_gen0_threshold)
+    settle(gc_freeze, gc_gen0_threshold)
     engine.start()
     try:
         return [asyncio.run(_point(engine, encode, n, duration, warmup)) for n in streams]
@@ -190,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
         "exported into the benchmark cache on first use)",
     )
     parser.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the start-up heap as the server does (gc_freeze; --no-gc-freeze: not)",
+    )
+    parser.add_argument(
         "--gc-gen0-threshold",
         type=int,
-        default=DEFAULT_GEN0_THRESHOLD,
-        help="the server's gc_gen0_threshold (0: Python's garbage-collector defaults)",
+        default=0,
+        help="the server's gc_gen0_threshold (0: Python's 700)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
@@ -204,7 +210,12 @@ def main(argv: list[str] | None = None) -> int:
         args.repository = shipped_repository(default_cache())
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
     points = measure(
-        args.repository / "translator", args.streams, duration, warmup, args.gc_gen0_threshold
+        args.repository / "translator",
+        args.streams,
+        duration,
+        warmup,
+        args.gc_freeze,
+        args.gc_gen0_threshold,
     )
     write_probe(
         "engine-loop",
@@ -213,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tiny,
         duration,
         new_tokens=NEW_TOKENS,
+        gc_freeze=args.gc_freeze,
         gc_gen0_threshold=args.gc_gen0_threshold,
     )
     return 0

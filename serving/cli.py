@@ -168,7 +168,7 @@ async def _serve(config: ServerConfig) -> int:
     from serving.server import create_server
 
     running = await create_server(config)
-    settle(config.gc_gen0_threshold)
+    settle(config.gc_freeze, config.gc_gen0_threshold)
     metrics = (
         f", metrics on {config.metrics_host}:{running.metrics_port}" if running.metrics_port else ""
     )

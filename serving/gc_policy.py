@@ -1,18 +1,22 @@
-"""Python's cyclic garbage collector in a serving process: collect rarely, never the start-up heap.
+"""Python's cyclic garbage collector in a serving process: never rescan the start-up heap.
 
 A decode step at 256 rows makes some thousands of container objects (token events, arrays, the
-outbox's lists); with CPython's default threshold of 700 allocations the collector ran a young
-collection every few steps and a full one about once a second. Measured with ``gc.callbacks``
-around ``python -m benchmarks.engine_loop --streams 256 --duration 6`` (2-core AMD EPYC VM,
-2026-11-26): 658 young, 60 middle and 5 full collections took 0.38 s of a 7-s run, each full
-one a 33 ms pause in which no stream moves. Almost everything a step allocates is freed by
-reference counting; the collector only finds cycles.
+outbox's lists). CPython runs a young collection every 700 net allocations and, every 100 of
+those, a full one, which scans every tracked object of the process: the models' sessions,
+tokenizers, the gRPC stack. Measured with ``gc.callbacks`` around
+``python -m benchmarks.engine_loop --streams 256 --duration 6`` (2-core AMD EPYC VM,
+2026-11-26): 454-621 collections took 0.28-0.33 s of the 6 s, the longest a 31-41 ms pause in
+which no stream moves.
 
-So once the models are loaded (``settle``): one full collection, ``gc.freeze()`` (the start-up
-heap, models, sessions, tokenizers and the gRPC stack, moves to a generation no collection
-scans again) and a young-generation threshold of ``gc_gen0_threshold`` allocations. The same
-run then spent 0.02-0.06 s in the collector. ``gc_gen0_threshold: 0`` in server.yaml keeps
-Python's defaults.
+So once the models are loaded (``settle``): one full collection and ``gc.freeze()``, which moves
+everything alive then to a generation no collection scans again. The same run then spent
+0.20 s in the collector, the longest pause 11-13 ms. ``gc_freeze: false`` in server.yaml keeps
+Python's collector as it is.
+
+``gc_gen0_threshold`` raises the young threshold too (0 keeps Python's 700). At 50,000 the
+engine loop ran no collection at all, but the served translator on the same VM (32 streams,
+five alternated ``bench serve`` runs each) used 475-518 against 458-498 us of server CPU per
+token, within the VM's noise but not better, so it is not the default.
 """
 
 from __future__ import annotations
@@ -22,20 +26,18 @@ import logging
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GEN0_THRESHOLD = 50_000
 
-
-def settle(gen0_threshold: int) -> None:
-    """Collect, freeze what survives and raise the young generation's threshold (0: leave the
-    collector as Python set it). Call once per process, after its models are loaded."""
-    if gen0_threshold <= 0:
-        return
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(gen0_threshold, middle, old)
+def settle(freeze: bool, gen0_threshold: int = 0) -> None:
+    """With ``freeze``: collect, then freeze what survives; with ``gen0_threshold`` > 0: the
+    young generation's threshold. Call once per process, after its models are loaded."""
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    if gen0_threshold > 0:
+        _, middle, old = gc.get_threshold()
+        gc.set_threshold(gen0_threshold, middle, old)
     log.info(
-        "garbage collector: %d start-up objects frozen, young threshold %d",
+        "garbage collector: %d start-up objects frozen, thresholds %s",
         gc.get_freeze_count(),
-        gen0_threshold,
+        gc.get_threshold(),
     )

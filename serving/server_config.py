@@ -29,9 +29,10 @@ class ServerConfig:
     # gRPC frontend processes on the port (SO_REUSEPORT) in front of one engine process; 1 = one
     # process doing both, as a plain grpc.aio server (README: Serving / Processes).
     frontend_workers: int = 1
-    # Python's garbage collector once the models are loaded: the start-up heap frozen and a
-    # young collection every this many allocations (0: Python's defaults; serving.gc_policy)
-    gc_gen0_threshold: int = 50_000
+    # Python's garbage collector once the models are loaded (serving.gc_policy): the start-up
+    # heap frozen, so that no collection rescans it; a young threshold (0: Python's 700)
+    gc_freeze: bool = True
+    gc_gen0_threshold: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

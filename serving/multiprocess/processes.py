@@ -66,7 +66,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         ready.send(("error", str(err)))
         raise SystemExit(1) from err
     await repository.start()
-    settle(config.gc_gen0_threshold)
+    settle(config.gc_freeze, config.gc_gen0_threshold)
     server = EngineServer(repository, address)
     await server.bind()
     stop = _stop_event()
@@ -110,7 +110,7 @@ async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: 
         )
         own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
         running = await create_server(own, repository, metrics, reuse_port=True)
-        settle(config.gc_gen0_threshold)
+        settle(config.gc_freeze, config.gc_gen0_threshold)
     except (RepositoryError, OSError, ValueError) as err:
         ready.send(("error", str(err)))
         await client.close()
