@@ -70,6 +70,18 @@ def _add_serve_parser(subparsers: Any) -> None:
         help="gRPC frontend processes on the port in front of one engine process; 1 = one "
         f"process doing both (default {DEFAULTS.frontend_workers})",
     )
+    serve.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="once the models are loaded, freeze the start-up heap so that no garbage "
+        "collection rescans it (default: on)",
+    )
+    serve.add_argument(
+        "--gc-gen0-threshold",
+        type=int,
+        help="Python's young-generation GC threshold (default 0: Python's own, 700)",
+    )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
     security.add_argument("--tls-key", help="PEM private key of --tls-cert")

@@ -69,7 +69,7 @@ def pick_inputs(draw):
     return logits, np.asarray(sorted(suppressed), dtype=np.int64), eos_id, no_eos
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(pick_inputs())
 def test_the_pick_is_the_hosts_greedy_step(session, inputs) -> None:
     """The graph agrees with the host path (``GreedyStep.of_logits``: numpy's argmax, again
