@@ -201,10 +201,8 @@ class InPlaceDecoder:
             kind, pointer = logits.device_name(), logits.data_ptr()
         else:
             on_device = self.device.kind != "cpu"
-            self._run_step(batch, input_ids, cache_lengths, cross_lengths, device_logits=on_device)
+            io = self._run_step(batch, input_ids, cache_lengths, cross_lengths, on_device)
             if on_device:
-                io = self._last[1]
-                assert io is not None
                 io.synchronize_outputs()  # the pick may run on another stream
                 kind, pointer = self.device.kind, self._logits_on_device().data_ptr()
             else:
@@ -263,12 +261,13 @@ class InPlaceDecoder:
         cache_lengths: np.ndarray,
         cross_lengths: np.ndarray,
         device_logits: bool,
-    ) -> None:
+    ) -> ort.IOBinding:
         io = self._step_binding(batch, device_logits)
         for name, value in self._feeds(input_ids, cache_lengths, cross_lengths).items():
             io.bind_cpu_input(name, np.ascontiguousarray(value, dtype=np.int64))
         self._run(self.decoder, io, DECODER_INPLACE)
         self._last = (batch, io if device_logits else None)
+        return io
 
     @staticmethod
     def _feeds(

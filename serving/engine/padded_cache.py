@@ -33,6 +33,7 @@ class PaddedKVCache:
         self._names: list[int] = []  # the row name of every dense row, pending arrangement
         self._order = np.zeros(0, dtype=np.int64)  # dense rows of the pending arrangement
         self._counter = itertools.count()
+        self._suppressed = np.asarray(spec.suppress_ids, dtype=np.int64)  # step_greedy's mask
 
     @property
     def rows(self) -> int:
@@ -70,10 +71,8 @@ class PaddedKVCache:
         positions: np.ndarray,
         no_eos: np.ndarray | None = None,
     ) -> GreedyStep:
-        spec = self.runner.spec
-        suppressed = np.asarray(spec.suppress_ids, dtype=np.int64)
         logits = self.step(rows, input_ids, positions)
-        return GreedyStep.of_logits(logits, suppressed, spec.eos_id, no_eos)
+        return GreedyStep.of_logits(logits, self._suppressed, self.runner.spec.eos_id, no_eos)
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
         where = {name: i for i, name in enumerate(self._names)}
