@@ -73,5 +73,8 @@ def greedy_pick_model() -> onnx.ModelProto:
         ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", PICK_OPSET)])
+    # as the cache graphs: an IR version every supported ONNX Runtime reads (a newer onnx package
+    # writes its own, e.g. 14, which onnxruntime-gpu 1.31 refuses)
+    model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
     return model
