@@ -40,11 +40,12 @@ def write_probe(
     out_dir: Path,
     tiny: bool,
     duration_s: float,
+    device: str = "cpu",
     **facts: Any,
 ) -> Path:
     """Write a probe's result (``transport_floor``, ``engine_loop``: points measured on this
-    machine's CPU, no schema) as OUT/KIND-<timestamp>[-tiny].json with ``facts`` and the machine;
-    print each point and the path."""
+    machine's CPU, or on ``device``; no schema) as OUT/KIND-<timestamp>[-tiny].json with
+    ``facts`` and the machine; print each point and the path."""
     from benchmarks.machine import machine_metadata
 
     result = {
@@ -54,7 +55,7 @@ def write_probe(
         "duration_s": duration_s,
         **facts,
         "points": points,
-        "machine": machine_metadata("cpu"),
+        "machine": machine_metadata(device),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{kind}-{timestamp()}{'-tiny' if tiny else ''}.json"

@@ -24,10 +24,11 @@ from serving.engine.slots import RowSlots, rows_to_compute, width_bucket
 from serving.seq2seq import Encoded
 
 # A greedy step picks its tokens on the device when its logits hold at least this many values
-# (512 KB of floats: 17 rows of an 8,000-token vocabulary). Below, copying the logits and numpy's
-# argmax cost less than the extra graph run (an estimate: on an H200 a batch-1 step took 0.86 ms
-# and one ONNX Runtime run costs some 40-60 us of host time; to be measured on a GPU).
-PICK_MIN_LOGITS = 1 << 17
+# (4 MB of floats: 131 rows of an 8,000-token vocabulary). Below, copying the logits and numpy's
+# argmax cost less than the extra graph run. Measured on an H100 (2026-11-26, Marian-base fp32,
+# `python -m benchmarks.greedy_pick_probe`), ms per step host argmax / device pick: batches
+# 1-32 0.72-0.95 (the pick's run costs 0.1-0.5 ms), batch 64 0.90-1.00, batch 256 1.30-1.36.
+PICK_MIN_LOGITS = 1 << 20
 
 
 class InPlaceKVCache:
