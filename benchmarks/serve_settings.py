@@ -36,9 +36,10 @@ from typing import Any
 # that serves best on a large host (issue: frontend_workers "what measures best").
 WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8}
 # CUDA only (refused on the CPU; among the defaults on CUDA): the batching configuration with the
-# translator's decode steps replayed as CUDA graphs, and the ViT with cuDNN's heuristic
+# translator's decode steps replayed as CUDA graphs (the default since 2026-11-26; explicit here,
+# whatever an entry's config.yaml says) and without them, and the ViT with cuDNN's heuristic
 # convolution search instead of the exhaustive one (the ViT's slow 32-client points on an H200).
-CUDA_SETUPS = ("cuda_graphs", "conv_heuristic")
+CUDA_SETUPS = ("cuda_graphs", "no_cuda_graphs", "conv_heuristic")
 SETUPS = (
     "batching",
     "no_inflight",
@@ -60,6 +61,7 @@ STREAM_INTERVAL_MS = 20  # the stream_interval setup's batching.stream_interval_
 ONNXRUNTIME_EDITS = {
     "spinning": {"allow_spinning": True, "spin_duration_us": SPIN_DURATION_US},
     "cuda_graphs": {"cuda_graph": True},
+    "no_cuda_graphs": {"cuda_graph": False},
     "conv_heuristic": {"cudnn_conv_algo_search": "heuristic"},
 }
 FRONTEND_WORKERS = {"two_frontends": 2, **WIDE_FRONTENDS}  # --frontend-workers (default 1)

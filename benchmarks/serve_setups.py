@@ -49,9 +49,10 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     "stream_interval": {"translator": {"stream_interval_ms": STREAM_INTERVAL_MS}},
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
-    # CUDA only, with ONNXRUNTIME_EDITS: the translator with CUDA graphs, the ViT with cuDNN's
-    # heuristic convolution search
+    # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
+    # with cuDNN's heuristic convolution search
     "cuda_graphs": {"translator": {}},
+    "no_cuda_graphs": {"translator": {}},
     "conv_heuristic": {"vit": {}},
 }
 # On CUDA, under every setup's own edits: a GPU deployment's batching, sized for the largest load

@@ -77,8 +77,8 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     backend: ONNX Runtime runs concurrent calls of a session each on its caller's thread, so the
     weights (and the kernels' pre-packed copies of them) are held once, as CTranslate2's workers
     share one model; instances of several threads get their own sessions and thread pools, and
-    so do instances whose decode steps replay CUDA graphs (``onnxruntime.cuda_graph``: a captured
-    graph belongs to its session and is replayed one run at a time).
+    so do instances whose decode steps replay CUDA graphs (``onnxruntime.cuda_graph`` with the
+    CUDA provider: a captured graph belongs to its session and is replayed one run at a time).
 
     Raises:
         BackendError: the backend is not available here or the graphs do not load.
@@ -89,7 +89,7 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
     if config.onnxruntime.intra_op_threads == 0:
         threads = max(1, len(os.sched_getaffinity(0)) // instances)
         config = replace(config, onnxruntime=replace(config.onnxruntime, intra_op_threads=threads))
-    if config.onnxruntime.intra_op_threads == 1 and not config.onnxruntime.cuda_graph:
+    if config.onnxruntime.intra_op_threads == 1 and not config.onnxruntime.captures_cuda_graphs:
         return [make_backend(config, version_dir)] * instances
     return [make_backend(config, version_dir) for _ in range(instances)]
 

@@ -85,7 +85,7 @@ def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache |
         capacity=min(limits.max_new_tokens, config.decoder.max_positions - 1),
         source_capacity=limits.max_source_length,
     )
-    if config.onnxruntime.cuda_graph and decoder.captured is None:
+    if config.onnxruntime.captures_cuda_graphs and decoder.captured is None:
         log.warning(
             "%s: onnxruntime.cuda_graph applies to the in-place decoder on CUDA only; its "
             "session runs on %s, decoding without CUDA graphs",

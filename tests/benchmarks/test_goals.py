@@ -368,7 +368,8 @@ def test_on_cuda_the_setups_size_batching_for_the_largest_load(
 
 
 def test_the_cuda_only_setups_run_on_cuda_alone(tiny_repository: Path, tmp_path: Path) -> None:
-    """cuda_graphs serves the translator with CUDA graphs, conv_heuristic the ViT with cuDNN's
+    """cuda_graphs / no_cuda_graphs serve the translator with / without CUDA graphs,
+    conv_heuristic the ViT with cuDNN's
     heuristic search, each with that model alone; both are CUDA defaults and refused on the CPU."""
     from benchmarks.serve_settings import CUDA_SETUPS, ServeSettings
     from benchmarks.serve_setups import setup_repository
@@ -379,6 +380,9 @@ def test_the_cuda_only_setups_run_on_cuda_alone(tiny_repository: Path, tmp_path:
     graphs, _ = setup_repository(tiny_repository, "cuda_graphs", models, 2, "cuda", tmp_path)
     assert read_model_config(graphs / "translator").onnxruntime.cuda_graph is True
     assert not (graphs / "vit").exists()
+    plain, _ = setup_repository(tiny_repository, "no_cuda_graphs", models, 2, "cuda", tmp_path)
+    assert read_model_config(plain / "translator").onnxruntime.cuda_graph is False
+    assert not (plain / "vit").exists()
     conv, _ = setup_repository(tiny_repository, "conv_heuristic", models, 2, "cuda", tmp_path)
     assert read_model_config(conv / "vit").onnxruntime.cudnn_conv_algo_search == "heuristic"
     assert not (conv / "translator").exists()

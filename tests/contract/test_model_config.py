@@ -199,10 +199,11 @@ def test_any_mutated_config_loads_or_names_the_field(base: Any, data: st.DataObj
 @pytest.mark.parametrize("config", [CLASSIFIER, TRANSLATOR], ids=lambda c: c.name)
 def test_cuda_graph_option_of_earlier_exports_still_loads(config: Any) -> None:
     data = to_mapping(config)
-    data["onnxruntime"]["cuda_graph"] = False  # what earlier exports wrote
+    assert data["onnxruntime"]["cuda_graph"] is True  # the default since 2026-11-26
+    del data["onnxruntime"]["cuda_graph"]  # exports from before the option: the default
     assert model_config_from_mapping(data) == config
-    data["onnxruntime"]["cuda_graph"] = True
-    assert model_config_from_mapping(data).onnxruntime.cuda_graph is True
+    data["onnxruntime"]["cuda_graph"] = False  # what exports wrote until 2026-11-26: kept
+    assert model_config_from_mapping(data).onnxruntime.cuda_graph is False
     data["onnxruntime"]["cuda_graph"] = "yes"
     with pytest.raises(SchemaError, match=r"onnxruntime\.cuda_graph"):
         model_config_from_mapping(data)

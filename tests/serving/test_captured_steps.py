@@ -130,20 +130,29 @@ def test_the_convolution_search_reaches_every_cuda_session_unless_given() -> Non
     assert graph_provider_options("model", heuristic, trt) == [{}, {}]
 
 
-def test_on_the_cpu_the_option_changes_nothing_and_says_so(
-    tiny_repository: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("cuda_listed", [False, True], ids=["cpu-config", "cuda-config"])
+def test_on_the_cpu_the_option_changes_nothing_and_says_so_where_cuda_was_asked_for(
+    tiny_repository: Path, caplog: pytest.LogCaptureFixture, cuda_listed: bool
 ) -> None:
+    """The option is on by default: a CPU config decodes without graphs and without a word; a
+    config listing the CUDA provider that runs on the CPU (no GPU build here) says so."""
+    if cuda_listed and HAS_CUDA:
+        pytest.skip("the CUDA provider is available here: the graphs would be captured")
     entry = tiny_repository / "translator"
     config = read_model_config(entry)
-    config = dataclasses.replace(
-        config, onnxruntime=dataclasses.replace(config.onnxruntime, cuda_graph=True)
+    providers = ("CUDAExecutionProvider",) * cuda_listed + ("CPUExecutionProvider",)
+    options = dataclasses.replace(
+        config.onnxruntime, cuda_graph=True, execution_providers=providers
     )
+    assert OnnxRuntimeOptions().cuda_graph and options.captures_cuda_graphs is cuda_listed
+    config = dataclasses.replace(config, onnxruntime=options)
     files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES}
     backend = OnnxRuntimeBackend(resolve_version(entry), files, config.onnxruntime)
     with caplog.at_level(logging.WARNING):
         cache = inplace_cache(backend, config)
     assert cache is not None and cache.decoder.captured is None and cache.buckets == ()
-    assert "onnxruntime.cuda_graph applies to the in-place decoder on CUDA only" in caplog.text
+    warned = "onnxruntime.cuda_graph applies to the in-place decoder on CUDA only" in caplog.text
+    assert warned is cuda_listed
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need onnxruntime-gpu and a CUDA device")

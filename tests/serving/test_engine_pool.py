@@ -228,6 +228,11 @@ def test_one_thread_instances_share_their_sessions(
     backends = make_backends(config, resolve_version(entry))
     assert len(backends) == 3
     assert len({id(b) for b in backends}) == (1 if threads == 1 else 3)
-    # CUDA graphs belong to their session: instances that capture them never share one
-    graphs = replace(config, onnxruntime=replace(config.onnxruntime, cuda_graph=True))
+    # CUDA graphs belong to their session: instances that capture them never share one (the
+    # option, on by default, captures only with the CUDA provider listed; here it runs on the CPU)
+    cuda = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    graphs = replace(
+        config,
+        onnxruntime=replace(config.onnxruntime, cuda_graph=True, execution_providers=cuda),
+    )
     assert len({id(b) for b in make_backends(graphs, resolve_version(entry))}) == 3
