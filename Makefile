@@ -27,7 +27,7 @@ eval: $(STAMP)
 
 test: $(STAMP) system-deps perf-analyzer
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=20
 
 # Reliability (README "Reliability"): 12,000 fuzz cases over every RPC of a real server (random
 # seeds, the hypothesis database in .hypothesis/ replays failures), then a 10-minute soak of the

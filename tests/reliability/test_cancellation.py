@@ -109,7 +109,7 @@ async def one_stream(stub: pb_grpc.AttnServeStub, rng: np.random.Generator, imag
             await asyncio.sleep(float(rng.uniform(0, 0.004)))
             call.cancel()
         elif mode == "mid_stream":
-            wanted, seen = int(rng.integers(1, 24)), 0
+            wanted, seen = int(rng.integers(1, 9)), 0  # early: the server has tokens to go
             async for message in call:
                 seen += len(message.token_ids)
                 if seen >= wanted:
@@ -204,13 +204,16 @@ def test_cancelled_and_expired_streams_free_everything(
         )
         for code in ("CANCELLED", "DEADLINE_EXCEEDED", "OK")
     }
-    # A stream cut short is counted as such, not as OK. Some race (the server had sent every
-    # message and ended OK while the client, reading behind, gave up), hence the 25% margins;
-    # calls cut before reaching the handler are not counted at all.
+    # A stream cut short is counted as such, not as OK. Some race: the server had sent every
+    # message and ended OK while the client, reading behind, gave up (38% of the cut streams in
+    # one clean-clone CI run, two frontends on 2 busy cores, when streams were cut as late as
+    # their 23rd token; they are now cut by the 8th), hence the 50% margins. A server that
+    # counted every cut stream OK fails both. Calls cut before reaching the handler are not
+    # counted at all.
     client_ok = outcomes["complete:OK"] + outcomes["deadline:OK"]
     cut = outcomes["mid_stream:CANCELLED"]  # every one of these reached the handler
-    assert counted["OK"] <= client_ok + 0.25 * cut, (counted, outcomes)
-    assert counted["CANCELLED"] + counted["DEADLINE_EXCEEDED"] >= 0.75 * cut, (counted, outcomes)
+    assert counted["OK"] <= client_ok + 0.5 * cut, (counted, outcomes)
+    assert counted["CANCELLED"] + counted["DEADLINE_EXCEEDED"] >= 0.5 * cut, (counted, outcomes)
 
     # No decode work continues for them.
     steps = decoder_steps(server)

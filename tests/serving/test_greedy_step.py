@@ -180,9 +180,10 @@ def test_the_engine_decodes_the_same_tokens_through_the_pick(
         return step_greedy(*args, **kwargs)
 
     cache.decoder.step_greedy = counted
-    ours = decode_all(config, runner, cache, greedy_jobs())
+    # four at a time: the pick serves steps of GREEDY_PASS_ROWS rows or more
+    ours = decode_all(config, runner, cache, greedy_jobs(), together=4)
     _, host_runner, host_cache = picking(tiny_repository / "translator", fixed, device_greedy=False)
-    theirs = decode_all(config, host_runner, host_cache, greedy_jobs())
+    theirs = decode_all(config, host_runner, host_cache, greedy_jobs(), together=4)
     assert [e.tokens for e in ours] == [e.tokens for e in theirs]
     assert [e.reason for e in ours] == [e.reason for e in theirs]
     assert picked_steps  # the pick ran
