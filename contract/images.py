@@ -70,7 +70,7 @@ def decode_image(data: bytes, image_size: int, resample: str = "bilinear") -> np
                     f"image is {width}x{height} pixels; the limit is {MAX_SIDE} per side "
                     f"(the model uses {image_size}x{image_size}): send a smaller image"
                 )
-            rgb = img.convert("RGB")
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
             if rgb.size != (image_size, image_size):
                 rgb = rgb.resize((image_size, image_size), RESAMPLE_FILTERS[resample])
             return np.asarray(rgb, dtype=np.uint8).copy()

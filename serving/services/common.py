@@ -47,6 +47,10 @@ class Servicer:
         self.repository = repository
         self.metrics = metrics
         self.state = state
+        # (model, method, code) -> the request counter's and latency histogram's children,
+        # looked up once (``labels`` takes a lock and builds its key on every call); bounded, as
+        # names no model has are counted as UNKNOWN_MODEL
+        self._recorders: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def model_label(self, name: str) -> str:
         try:
@@ -55,10 +59,15 @@ class Servicer:
             return UNKNOWN_MODEL
 
     def record(self, model: str, method: str, code: str, started: float) -> None:
-        self.metrics.requests.labels(model=model, method=method, code=code).inc()
-        self.metrics.request_latency.labels(model=model, method=method).observe(
-            time.perf_counter() - started
-        )
+        recorders = self._recorders.get((model, method, code))
+        if recorders is None:
+            recorders = self._recorders[(model, method, code)] = (
+                self.metrics.requests.labels(model=model, method=method, code=code),
+                self.metrics.request_latency.labels(model=model, method=method),
+            )
+        count, latency = recorders
+        count.inc()
+        latency.observe(time.perf_counter() - started)
 
 
 def error_message(err: BaseException) -> str:
