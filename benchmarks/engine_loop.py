@@ -7,7 +7,7 @@ H200), so what the engine does in Python for every row of every step (choose the
 it, hand it to the caller's event loop) decides how close served decoding gets to the model's
 offline rate. This measures that work alone: a real ``InFlightEngine`` over the translator's
 real in-place cache (rows, widths, re-layouts, cross keys written by the real graphs) whose
-decoder step returns precomputed logits (or their greedy outputs) at once. ``--streams``
+decoder step returns precomputed logits (or their greedy tokens) at once. ``--streams``
 clients in this process's event loop each decode 64-token greedy requests one after another
 (closed loop, exactly 64 tokens: EOS never wins), for ``--duration`` seconds after a warm-up.
 
@@ -94,7 +94,7 @@ def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed]:
     logits = logits.astype(np.float32)
     logits[:, :, spec.eos_id] = -1e9
 
-    tokens, best = logits.argmax(-1), logits.max(-1)  # what the graph's greedy outputs give
+    tokens, best = logits.argmax(-1), logits.max(-1)  # what the greedy_pick graph gives
 
     def step(input_ids: np.ndarray, *_: Any) -> np.ndarray:
         return logits[: len(input_ids), 0]

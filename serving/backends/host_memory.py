@@ -1,5 +1,5 @@
 """Page-locked host memory for what a decode step copies back from the GPU: the logits, or the
-greedy ids and logits (``export/greedy_outputs.py``).
+greedy ids and their logits (the ``greedy_pick`` graph, ``export/greedy_pick.py``).
 
 Every decode step on CUDA copies each row's logits to the host (the token is chosen there):
 [rows, vocab] floats, 8 MB at 256 rows of an 8,000-token vocabulary. Into ordinary (pageable)

@@ -219,8 +219,8 @@ class InPlaceDecoder:
             index = self.device.index if kind != "cpu" else 0
             dims = [batch, 1, self.logits.shape[-1]]
             io.bind_input(LOGITS, kind, index, np.float32, dims, pointer)
-            for name, (_, mask) in self._masks.items():
-                io.bind_ortvalue_input(name, mask)
+            for name, (_, value) in self._masks.items():
+                io.bind_ortvalue_input(name, value)
             for name, host in ((GREEDY_IDS, self.greedy_ids), (GREEDY_LOGIT, self.greedy_logit)):
                 io.bind_output(name, "cpu", 0, host.dtype, [batch, 1], host.ctypes.data)
             self._picks[(batch, pointer)] = io

@@ -10,8 +10,8 @@ Two implementations:
 
 Rows are named by stable integers the cache hands out on ``admit``; a step names the rows it
 runs, in any order, and gets their logits in that order. A step in which every row decodes
-greedily may ask for ``step_greedy`` instead: each row's argmax, chosen on the device where the
-decoder graph has greedy outputs, with the logits fetched only if asked for.
+greedily may ask for ``step_greedy`` instead: each row's argmax, chosen on the device by the
+``greedy_pick`` graph where the cache can, with the logits fetched only if asked for.
 """
 
 from __future__ import annotations

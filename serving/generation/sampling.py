@@ -290,7 +290,7 @@ def greedy_decide(
     forced_eos_at: np.ndarray,
 ) -> np.ndarray:
     """``greedy_rows`` from each row's argmax ``tokens`` and its logit ``best`` (NaN where the
-    row holds a NaN), as a decoder graph's greedy outputs give them; the other arguments are
+    row holds a NaN), as ``DecodeCache.step_greedy`` gives them; the other arguments are
     ``greedy_rows``'."""
     undecided = np.isnan(best) | ((tokens == eos_id) & (generated < min_new_tokens))
     if suppress.size:
