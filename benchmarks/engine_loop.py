@@ -74,20 +74,17 @@ class _Timed:
             self.seconds += time.perf_counter() - started
 
 
-def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed]:
+def instant_engine(entry: Path, rows: int, instant_encoder: bool = False) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
-    logits in which EOS never wins; and its timed encoder."""
-    from contract.repository import read_model_config, resolve_version
+    logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
+    encoder's output for ``SOURCE``, computed once, repeated for every joiner: the cache
+    admission still writes it into the joiners' rows)."""
+    from contract.repository import resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend
     from serving.served.generator import local_engine
 
-    config = read_model_config(entry)
-    batching = replace(
-        config.batching, max_active_sequences=rows, max_batch_size=rows, max_queue_size=4 * rows
-    )
-    limits = replace(config.limits, max_new_tokens=NEW_TOKENS)
-    config = replace(config, batching=batching, limits=limits)
+    config = engine_config(entry, rows)
     engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
     spec = config.decoder
     logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
@@ -106,9 +103,35 @@ def instant_engine(entry: Path, rows: int) -> tuple[Any, _Timed]:
     decoder.step, decoder.step_greedy = step, step_greedy
     decoder.last_logits = lambda: logits[:, 0]
     decoder.greedy = True  # as on a GPU: large greedy steps take the pick's ids, not the logits
-    encode = _Timed(engine.runner.encode)
+    encode = _Timed(_repeated(engine.runner.encode) if instant_encoder else engine.runner.encode)
     engine.runner.encode = encode
     return engine, encode
+
+
+def engine_config(entry: Path, rows: int) -> Any:
+    """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued) and
+    ``NEW_TOKENS`` as its token limit."""
+    from contract.repository import read_model_config
+
+    config = read_model_config(entry)
+    batching = replace(
+        config.batching, max_active_sequences=rows, max_batch_size=rows, max_queue_size=4 * rows
+    )
+    return replace(
+        config, batching=batching, limits=replace(config.limits, max_new_tokens=NEW_TOKENS)
+    )
+
+
+def _repeated(encode: Any) -> Any:
+    """``encode`` answering every batch of ``SOURCE`` rows with its output for one, repeated."""
+    source = np.array([SOURCE], dtype=np.int64)
+    one = encode({"input_ids": source, "attention_mask": np.ones_like(source)})
+
+    def repeated(feeds: dict[str, np.ndarray]) -> Any:
+        batch = len(feeds["input_ids"])
+        return type(one)([np.repeat(c, batch, axis=0) for c in one.cross], feeds["attention_mask"])
+
+    return repeated
 
 
 async def _client(engine: Any, until: float, counts: list[int]) -> None:
@@ -164,12 +187,13 @@ def measure(
     warmup: float,
     gc_freeze: bool = True,
     gc_gen0_threshold: int = 0,
+    instant_encoder: bool = False,
 ) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn. The garbage
     collector is set as a serving process sets it (``serving.gc_policy``)."""
     from serving.gc_policy import settle
 
-    engine, encode = instant_engine(entry, max(streams))
+    engine, encode = instant_engine(entry, max(streams), instant_encoder)
     settle(gc_freeze, gc_gen0_threshold)
     engine.start()
     try:
@@ -201,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="the server's gc_gen0_threshold (0: Python's 700)",
     )
+    parser.add_argument(
+        "--instant-encoder",
+        action="store_true",
+        help="the encoder's output for the source computed once and repeated (as a GPU's is "
+        "nearly free); by default every joiner batch runs the real encoder on this CPU",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     args = parser.parse_args(argv)
@@ -216,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup,
         args.gc_freeze,
         args.gc_gen0_threshold,
+        args.instant_encoder,
     )
     write_probe(
         "engine-loop",
@@ -226,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         new_tokens=NEW_TOKENS,
         gc_freeze=args.gc_freeze,
         gc_gen0_threshold=args.gc_gen0_threshold,
+        instant_encoder=args.instant_encoder,
     )
     return 0
 

@@ -33,8 +33,10 @@ from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
     ErrorEvent,
     Event,
+    EventChannel,
     FinishEvent,
     GenerationRequest,
+    Listener,
     Outbox,
     TokenEvent,
 )
@@ -207,17 +209,7 @@ class InFlightEngine:
         A caller that falls behind the decode loop (a slow stream) gets several tokens at once
         and can send them as one message.
         """
-        if self._stopping:
-            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
-        events = request.attach(asyncio.get_running_loop(), self.batching.stream_interval_ms / 1000)
-        if not self.queue.offer(request):
-            raise ResourceExhausted(
-                f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
-                "(batching.max_queue_size); retry later or raise the limit"
-            )
-        self._gauge_queue()
-        with self._wake:
-            self._wake.notify()
+        events = self.submit(request)
         ended = False
         try:
             while True:
@@ -231,6 +223,29 @@ class InFlightEngine:
                 request.cancel()
                 with self._wake:
                     self._wake.notify()
+
+    def submit(self, request: GenerationRequest, listener: Listener | None = None) -> EventChannel:
+        """Queue ``request`` (on the caller's running loop); its events arrive in the returned
+        channel, or are handed to ``listener`` on the loop as they come (``EventChannel``). The
+        caller cancels the request if it stops listening before its final event.
+
+        Raises:
+            Unavailable: the engine is stopping.
+            ResourceExhausted: the queue is full.
+        """
+        if self._stopping:
+            raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
+        interval = self.batching.stream_interval_ms / 1000
+        events = request.attach(asyncio.get_running_loop(), interval, listener)
+        if not self.queue.offer(request):
+            raise ResourceExhausted(
+                f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
+                "(batching.max_queue_size); retry later or raise the limit"
+            )
+        self._gauge_queue()
+        with self._wake:
+            self._wake.notify()
+        return events
 
     # --- the worker thread ----------------------------------------------------------------------
     def _run(self) -> None:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from serving.engine.inflight import InFlightEngine
-from serving.engine.requests import Event, GenerationRequest
+from serving.engine.requests import Event, EventChannel, GenerationRequest, Listener
 
 
 class EnginePool:
@@ -63,3 +63,7 @@ class EnginePool:
     async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         async for chunk in self.pick().generate_chunks(request):
             yield chunk
+
+    def submit(self, request: GenerationRequest, listener: Listener | None = None) -> EventChannel:
+        """``InFlightEngine.submit`` on the instance ``pick`` chooses."""
+        return self.pick().submit(request, listener)

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,10 +92,16 @@ class GenerationRequest:
         self._cancelled.set()
 
     # --- event delivery (engine thread -> caller's loop) ----------------------------------------
-    def attach(self, loop: asyncio.AbstractEventLoop, interval: float = 0.0) -> EventChannel:
-        """Where this request's events arrive on ``loop``; ``interval`` as ``EventChannel``'s."""
+    def attach(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        interval: float = 0.0,
+        listener: Listener | None = None,
+    ) -> EventChannel:
+        """Where this request's events arrive on ``loop``; ``interval`` and ``listener`` as
+        ``EventChannel``'s."""
         self._loop = loop
-        self._channel = EventChannel(loop, interval)
+        self._channel = EventChannel(loop, interval, listener)
         return self._channel
 
     def emit(self, event: Event) -> None:
@@ -107,6 +114,9 @@ class GenerationRequest:
             self._cancelled.set()
 
 
+Listener = Callable[[list[Event]], None]
+
+
 class EventChannel:
     """One request's events on its caller's event loop, taken a chunk at a time.
 
@@ -115,13 +125,23 @@ class EventChannel:
     after the previous one, so the tokens decoded meanwhile travel together: a stream sends a
     message per interval instead of one per decode step, and its caller wakes once per message.
     The first chunk and a chunk that ends the request (finish or error) are never held.
+
+    With a ``listener`` the chunks are not awaited (``chunk``) but handed to it on the loop as
+    soon as they are due: no task wakes per chunk (the engine process forwards its frontends'
+    events this way).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float = 0.0) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        interval: float = 0.0,
+        listener: Listener | None = None,
+    ) -> None:
         if interval < 0:
             raise ValueError(f"interval must be >= 0, got {interval}")
         self._loop = loop
         self._interval = interval
+        self._listener = listener
         self._items: list[Event] = []
         self._ended = False  # a finish or error event is among the items
         self._due = 0.0  # loop time before which a chunk waits for more (the first never does)
@@ -133,7 +153,7 @@ class EventChannel:
         self._items.append(event)
         if isinstance(event, FinishEvent | ErrorEvent):
             self._ended = True
-        if self._waiter is not None:
+        if self._waiter is not None or self._listener is not None:
             self._wake_when_due()
 
     def _ready(self) -> bool:
@@ -148,8 +168,13 @@ class EventChannel:
             self._timer = self._loop.call_at(self._due, self._wake)
 
     def _wake(self) -> None:
-        self._timer = None
-        if self._waiter is not None and not self._waiter.done():
+        if self._timer is not None:  # due now (this is its call) or released early
+            self._timer.cancel()
+            self._timer = None
+        if self._listener is not None:
+            if self._items:
+                self._listener(self._take())
+        elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def chunk(self) -> list[Event]:
@@ -164,6 +189,9 @@ class EventChannel:
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None
+        return self._take()
+
+    def _take(self) -> list[Event]:
         items, self._items = self._items, []
         if self._interval:
             self._due = self._loop.time() + self._interval

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from serving.engine.requests import ErrorEvent, GenerationRequest
+from serving.engine.inflight import InFlightEngine
+from serving.engine.pool import EnginePool
+from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
 from serving.errors import Internal, InvalidArgument, ServingError
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
@@ -62,6 +64,8 @@ class EngineServer:
 
     async def close(self) -> None:
         """Cancel what still runs and close the socket and the connections."""
+        for request in self._generations.values():
+            request.cancel()
         for task in list(self._tasks.values()):
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
@@ -95,26 +99,32 @@ class EngineServer:
         kind = header["t"]
         if kind == "cancel":
             self._cancel(key)
-        elif kind in ("generate", "classify") and len(arrays) == 1:
-            work = self._generate if kind == "generate" else self._classify
-            task = asyncio.create_task(work(key, header, np.array(arrays[0])))  # owns its memory
+        elif kind == "generate" and len(arrays) == 1:
+            self._generate(key, header, np.array(arrays[0]))  # the copy owns its memory
+        elif kind == "classify" and len(arrays) == 1:
+            task = asyncio.create_task(self._classify(key, header, np.array(arrays[0])))
             self._tasks[key] = task
             task.add_done_callback(lambda _, k=key: self._tasks.pop(k, None))
         else:
             log.error("unknown message %r from a frontend; dropped", kind)
 
     def _cancel(self, key: Key) -> None:
-        request = self._generations.get(key)
+        request = self._generations.pop(key, None)
         if request is not None:
             request.cancel()  # the decode loop frees its rows before the next step
         elif (task := self._tasks.get(key)) is not None:
             task.cancel()  # a classification still waiting in the batcher
 
-    async def _generate(self, key: Key, header: dict[str, Any], source: np.ndarray) -> None:
+    def _generate(self, key: Key, header: dict[str, Any], source: np.ndarray) -> None:
+        """Queue the generation on its model's engine; its events go to the frontend as the
+        decode loop delivers them (a listener on this loop, no task per request)."""
         try:
             model = self.repository.get(str(header["model"]))
             if not isinstance(model, ServedGenerator):
                 raise InvalidArgument(f"model {model.name!r} does not generate text")
+            engine = model.engine
+            if not isinstance(engine, InFlightEngine | EnginePool):
+                raise Internal(f"model {model.name!r} has no engine in this process")
             request = GenerationRequest(
                 options=options_from(header["options"]),
                 source_ids=source if header["input"] == "source_ids" else None,
@@ -122,15 +132,16 @@ class EngineServer:
                 deadline=header["deadline"],
                 arrival=header["arrival"],
             )
+            engine.submit(request, lambda events: self._forward(key, events))
             self._generations[key] = request
-            async for chunk in model.engine.generate_chunks(request):
-                for event in chunk:
-                    self._post(key, event_item(key[1], event))
-        except asyncio.CancelledError:
-            raise
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
-        finally:
+
+    def _forward(self, key: Key, events: list[Event]) -> None:
+        """A generation's events, on their way to its frontend; its last one ends it here."""
+        for event in events:
+            self._post(key, event_item(key[1], event))
+        if isinstance(events[-1], FinishEvent | ErrorEvent):
             self._generations.pop(key, None)
 
     async def _classify(self, key: Key, header: dict[str, Any], pixels: np.ndarray) -> None:

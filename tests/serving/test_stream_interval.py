@@ -1,11 +1,11 @@
 """``batching.stream_interval_ms``: a stream's tokens leave in one message per interval.
 
-Asserted: ``EventChannel`` hands out every event once, in order, whatever the timing (property
-test); it never holds the first chunk nor one that ends the request, and holds the others until
-the interval has passed; the real engine yields the same tokens with and without an interval,
-in at most two chunks under a long one; and over gRPC, one process and two frontend processes,
-a stream of the tiny translator arrives in at most three messages with the same tokens and text
-as without an interval.
+Asserted: ``EventChannel`` hands out every event once, in order, whatever the timing, awaited
+or handed to a listener (property test); it never holds the first chunk nor one that ends the
+request, and holds the others until the interval has passed; the real engine yields the same
+tokens with and without an interval, in at most two chunks under a long one; and over gRPC, one
+process and two frontend processes, a stream of the tiny translator arrives in at most three
+messages with the same tokens and text as without an interval.
 """
 
 from __future__ import annotations
@@ -148,6 +148,32 @@ def test_a_held_chunk_leaves_once_the_interval_has_passed() -> None:
     assert all(gap >= interval * 0.95 for gap in gaps)  # held chunks waited their interval
 
 
+def test_a_listener_gets_held_chunks_once_the_interval_has_passed() -> None:
+    interval = 0.15
+
+    async def go() -> tuple[list[list[Event]], list[float]]:
+        loop = asyncio.get_running_loop()
+        chunks, taken = [], []
+
+        def listen(chunk: list[Event]) -> None:
+            chunks.append(chunk)
+            taken.append(loop.time())
+
+        channel = EventChannel(loop, interval, listen)
+        for event in tokens(12):  # a token every 20 ms: about 7 per interval
+            channel.put(event)
+            await asyncio.sleep(0.02)
+        channel.put(finish(12))
+        return chunks, taken
+
+    chunks, taken = asyncio.run(go())
+    assert [e for chunk in chunks for e in chunk] == [*tokens(12), finish(12)]
+    assert chunks[0] == tokens(1)  # at once, in put's own call
+    assert 2 <= len(chunks) <= 2 + (taken[-1] - taken[0]) / interval
+    gaps = [b - a for a, b in itertools.pairwise(taken[:-1])]
+    assert all(gap >= interval * 0.95 for gap in gaps)
+
+
 def test_a_cancelled_taker_leaves_the_channel_usable() -> None:
     async def go() -> list[Event]:
         channel = EventChannel(asyncio.get_running_loop(), LONG / 1000)
@@ -175,22 +201,34 @@ def test_a_negative_interval_is_refused() -> None:
     pauses=st.lists(st.sampled_from([0, 0, 1, 3]), min_size=12, max_size=12),
     interval_ms=st.sampled_from([0, 1, 5, LONG]),
     ends_in_error=st.booleans(),
+    listening=st.booleans(),
 )
 def test_chunks_hand_out_every_event_once_in_order(
-    groups: list[int], pauses: list[int], interval_ms: int, ends_in_error: bool
+    groups: list[int], pauses: list[int], interval_ms: int, ends_in_error: bool, listening: bool
 ) -> None:
     """Whatever the arrival pattern (events put in groups, as the decode loop delivers them,
     with pauses of a few ms between groups) and interval, the chunks concatenate to the events
-    put, each chunk holds at least one, and only the last chunk holds the final event."""
+    put, each chunk holds at least one, and only the last chunk holds the final event; awaited
+    (``chunk``) or handed to a listener."""
     count = sum(groups)
     final: Event = ErrorEvent(Internal("failed")) if ends_in_error else finish(count)
     expected = [*tokens(count), final]
 
     async def go() -> list[list[Event]]:
-        channel = EventChannel(asyncio.get_running_loop(), interval_ms / 1000)
         chunks: list[list[Event]] = []
+        ended = asyncio.Event()
+
+        def listen(chunk: list[Event]) -> None:
+            chunks.append(chunk)
+            if isinstance(chunk[-1], FinishEvent | ErrorEvent):
+                ended.set()
+
+        loop = asyncio.get_running_loop()
+        channel = EventChannel(loop, interval_ms / 1000, listen if listening else None)
 
         async def take() -> None:
+            if listening:
+                await ended.wait()
             while not chunks or not isinstance(chunks[-1][-1], FinishEvent | ErrorEvent):
                 chunks.append(await channel.chunk())
 

@@ -4,7 +4,9 @@ that died) has its requests cancelled in the engine, whose rows go free for the 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,11 +17,26 @@ from serving.multiprocess.remote import EngineClient, RemoteEngine
 from serving.repository import ModelRepository
 
 
+def slow_steps(cache: Any, seconds: float = 0.02) -> None:
+    """Each decoder step of ``cache`` takes ``seconds`` more: the tiny translator's position
+    table ends a generation after a few dozen steps, which must not happen before the test has
+    closed the connection."""
+    for name in ("step", "step_greedy"):
+        original = getattr(cache, name)
+
+        def slowed(*args: Any, original: Any = original, **kwargs: Any) -> Any:
+            time.sleep(seconds)
+            return original(*args, **kwargs)
+
+        setattr(cache, name, slowed)
+
+
 def test_a_closed_frontend_connection_cancels_its_requests(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
     async def main() -> tuple[list[GenerationRequest], int, bool]:
         repository = ModelRepository.load(tiny_repository, names=("translator",))
+        slow_steps(repository.get("translator").engine.cache)  # type: ignore[union-attr]
         await repository.start()
         server = EngineServer(repository, str(tmp_path / "engine.sock"))
         await server.bind()
@@ -48,6 +65,7 @@ def test_a_closed_frontend_connection_cancels_its_requests(
         return requests, left, client.alive
 
     requests, left, alive = asyncio.run(main())
-    assert len(requests) == 3 and all(r.is_cancelled() for r in requests)
+    assert len(requests) == 3, "a generation ended before the connection closed"
+    assert all(r.is_cancelled() for r in requests)
     assert left == 0  # every generation ended in the engine
     assert not alive  # the frontend side saw its connection go

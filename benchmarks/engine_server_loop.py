@@ -1,0 +1,201 @@
+"""The engine process's own ceiling: ``engine_loop``'s instant engine behind the engine socket.
+
+    python -m benchmarks.engine_server_loop [--streams 32 128 256] [--frontends 2] [--duration 3]
+
+With ``frontend_workers`` > 1 the decode loop runs in the engine process, whose event loop also
+reads the frontends' requests from its Unix socket and writes their tokens back
+(``serving.multiprocess.engine_server``). On a GPU host that process, not the model, bounds the
+served translator: its engine thread and its event loop share one interpreter. This runs
+``engine_loop``'s engine (a real ``InFlightEngine`` and in-place cache whose decoder step answers
+at once, the encoder's output computed once and repeated) behind a real ``EngineServer`` in this
+process, and ``--frontends`` client processes that drive their share of ``--streams`` 64-token
+greedy streams through the frontends' own ``EngineClient`` / ``RemoteEngine`` (closed loop, no
+gRPC), for ``--duration`` seconds after a warm-up.
+
+Writes ``benchmarks/results/engine-server-loop-*.json``: per stream count, new tokens/s at the
+clients, decode steps/s, rows per step, and the engine process's CPU time per token (its engine
+thread and event loop together; the clients run in their own processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.engine_loop import DEFAULT_OUT, NEW_TOKENS, SOURCE, engine_config, instant_engine
+from benchmarks.marian import default_cache
+from benchmarks.output import write_probe
+
+MODEL = "translator"
+CLIENT_START_S = 4.0  # a client process imports numpy and the serving package before it drives
+
+
+class _OneModel:
+    """The ``ModelRepository`` interface ``EngineServer`` uses: one served generator."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def get(self, name: str) -> Any:
+        return self.model
+
+
+async def _drive(address: str, streams: int, start_at: float, end_at: float) -> dict[str, int]:
+    """A client process: ``streams`` closed-loop streams; tokens and requests that arrived
+    between ``start_at`` and ``end_at`` (wall-clock seconds)."""
+    from serving.engine.requests import GenerationRequest, TokenEvent
+    from serving.generation.options import DecodingOptions
+    from serving.multiprocess.remote import EngineClient, RemoteEngine
+
+    client = EngineClient(address)
+    await client.start()
+    engine = RemoteEngine(client, MODEL, streams)
+    options = DecodingOptions(max_new_tokens=NEW_TOKENS)
+    counts = {"tokens": 0, "requests": 0}
+
+    async def stream() -> None:
+        while time.time() < end_at:
+            request = GenerationRequest(options=options, source_ids=np.array(SOURCE))
+            async for chunk in engine.generate_chunks(request):
+                if start_at <= time.time() < end_at:
+                    counts["tokens"] += sum(isinstance(event, TokenEvent) for event in chunk)
+            if start_at <= time.time() < end_at:
+                counts["requests"] += 1
+
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    await client.close()
+    return counts
+
+
+async def _point(
+    server: Any,
+    engine: Any,
+    address: str,
+    streams: int,
+    frontends: int,
+    duration: float,
+    warmup: float,
+) -> dict[str, Any]:
+    start_at = time.time() + CLIENT_START_S + warmup
+    end_at = start_at + duration
+    shares = [streams // frontends + (i < streams % frontends) for i in range(frontends)]
+    clients = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "benchmarks.engine_server_loop",
+            "--client",
+            json.dumps([address, share, start_at, end_at]),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for share in shares
+        if share
+    ]
+    await asyncio.sleep(start_at - time.time())
+    cpu, steps = time.process_time(), engine.steps
+    await asyncio.sleep(end_at - time.time())
+    cpu, steps = time.process_time() - cpu, engine.steps - steps
+    outputs = [await client.communicate() for client in clients]
+    if any(client.returncode for client in clients):
+        raise RuntimeError("a client process failed")
+    counts = [json.loads(out) for out, _ in outputs]
+    tokens = sum(c["tokens"] for c in counts)
+    return {
+        "streams": streams,
+        "frontends": len(clients),
+        "tokens": tokens,
+        "requests": sum(c["requests"] for c in counts),
+        "seconds": duration,
+        "tokens_per_s": round(tokens / duration, 1),
+        "steps_per_s": round(steps / duration, 1),
+        "rows_per_step": round(tokens / steps, 2) if steps else 0.0,
+        "engine_process_cpu_share": round(cpu / duration, 3),
+        "engine_process_us_per_token": round(cpu / tokens * 1e6, 2) if tokens else None,
+    }
+
+
+def measure(
+    entry: Path, streams: list[int], frontends: int, duration: float, warmup: float
+) -> list[dict[str, Any]]:
+    """One engine with rows for the most streams behind one engine server; each stream count
+    driven in turn by ``frontends`` client processes. The collector is set as in the server."""
+    from contract.repository import resolve_version
+    from serving.gc_policy import settle
+    from serving.multiprocess.engine_server import EngineServer
+    from serving.served.generator import ServedGenerator
+
+    engine, _ = instant_engine(entry, max(streams), instant_encoder=True)
+    config = engine_config(entry, max(streams))
+    model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
+    settle(True, 0)
+    engine.start()
+    points = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            address = os.path.join(folder, "engine.sock")
+
+            async def run(n: int) -> dict[str, Any]:
+                server = EngineServer(_OneModel(model), address)  # type: ignore[arg-type]
+                await server.bind()
+                try:
+                    return await _point(server, engine, address, n, frontends, duration, warmup)
+                finally:
+                    await server.close()
+                    os.unlink(address)
+
+            for n in streams:
+                points.append(asyncio.run(run(n)))
+    finally:
+        engine.stop()
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_server_loop")
+    parser.add_argument("--streams", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--frontends", type=int, default=2, help="client processes")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
+    parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
+    parser.add_argument(
+        "--repository",
+        type=Path,
+        help="exported repository with a translator entry (default: the shipped translator, "
+        "exported into the benchmark cache on first use)",
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process's own arguments
+    args = parser.parse_args(argv)
+    if args.client:
+        address, streams, start_at, end_at = json.loads(args.client)
+        print(json.dumps(asyncio.run(_drive(address, streams, start_at, end_at))))
+        return 0
+    if args.repository is None:
+        from benchmarks.serve_setups import shipped_repository
+
+        args.repository = shipped_repository(default_cache())
+    duration, warmup = (0.5, 0.2) if args.tiny else (args.duration, args.warmup)
+    points = measure(args.repository / MODEL, args.streams, args.frontends, duration, warmup)
+    write_probe(
+        "engine-server-loop",
+        points,
+        args.out,
+        args.tiny,
+        duration,
+        new_tokens=NEW_TOKENS,
+        frontends=args.frontends,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

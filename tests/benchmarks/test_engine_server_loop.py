@@ -1,0 +1,31 @@
+"""``python -m benchmarks.engine_server_loop --tiny``: the instant engine behind a real engine
+server, driven by two client processes over its Unix socket; every stream decodes whole requests
+and the figures agree with each other."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.engine_server_loop import main
+
+
+def test_client_processes_decode_every_stream_through_the_engine_socket(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    args = ["--tiny", "--streams", "5", "--frontends", "2", "--repository", str(tiny_repository)]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("engine-server-loop-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert result["kind"] == "engine-server-loop" and result["frontends"] == 2
+    (point,) = result["points"]
+    assert point["streams"] == 5 and point["frontends"] == 2  # 3 + 2 streams
+    assert point["tokens"] > 0 and point["requests"] > 0
+    assert 1 < point["rows_per_step"] <= 5  # the two processes' streams share steps
+    assert point["tokens_per_s"] == round(point["tokens"] / point["seconds"], 1)
+    assert 0 < point["engine_process_cpu_share"] < 2  # one interpreter (and its GIL)
+    cpu = point["engine_process_cpu_share"] * point["seconds"]
+    assert (
+        abs(point["engine_process_us_per_token"] - cpu / point["tokens"] * 1e6)
+        < 0.05 * (point["engine_process_us_per_token"])
+    )
