@@ -78,7 +78,7 @@ def measure(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.greedy_pick_probe")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32, 64, 256])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32, 64, 128, 256])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "gpu")

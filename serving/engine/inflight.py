@@ -58,6 +58,7 @@ class _Sequence:
         self.request = request
         self.options = request.options
         self.max_new = max_new
+        self.limit = min(max_new, spec.max_positions - 1)  # the position table bounds it too
         self.tokens: list[int] = []
         self.generated = 0
         self.admitted = now
@@ -79,7 +80,7 @@ class _Sequence:
                 forced_eos=spec.forced_eos,
             )
         else:
-            last = min(max_new, spec.max_positions - 1) - 1  # the sequence's last position
+            last = self.limit - 1  # the sequence's last position
             self.sampler = RowSampler(
                 self.options,
                 eos_id=spec.eos_id,
@@ -88,9 +89,20 @@ class _Sequence:
             )
             self.greedy = self.options.temperature == 0
             self.forced_eos_at = last if spec.forced_eos else -1
-        self.next_inputs = np.full(request.rows, spec.decoder_start_id, dtype=np.int64)
+        self.next_inputs: list[int] = [spec.decoder_start_id] * request.rows
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
         self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
+
+
+class _Layout:
+    """Where the running sequences' rows lie in a step's batch; the same until a sequence joins
+    or leaves (then rebuilt)."""
+
+    def __init__(self, sequences: list[_Sequence]) -> None:
+        self.counts = [len(seq.rows) for seq in sequences]
+        self.rows = np.concatenate([seq.rows for seq in sequences])
+        self.offsets = list(itertools.accumulate(self.counts, initial=0))
+        self.single = len(self.rows) == len(sequences)  # a row each: no beams
 
 
 class InFlightEngine:
@@ -156,6 +168,7 @@ class InFlightEngine:
         self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
+        self._layout: _Layout | None = None  # of ``sequences``; None when they changed
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -316,6 +329,7 @@ class InFlightEngine:
             seq.rows = request_rows
             self._observe("queue_time", now - request.arrival)
             self.sequences.append(seq)
+            self._layout = None
 
     def _encode_into_cache(self, joiners: list[GenerationRequest]) -> list[np.ndarray] | None:
         """The joiners' cache rows, after their encoder pass; None when that pass failed (then
@@ -345,13 +359,15 @@ class InFlightEngine:
     def _step(self) -> None:
         started = self.clock()
         sequences = self.sequences
-        counts = [len(seq.rows) for seq in sequences]
-        done = np.array([seq.generated for seq in sequences], dtype=np.int64)
-        rows = np.concatenate([seq.rows for seq in sequences])
-        input_ids = np.concatenate([seq.next_inputs for seq in sequences])
-        positions = np.repeat(done, counts)
+        layout = self._layout = self._layout or _Layout(sequences)
+        rows, counts, offsets = layout.rows, layout.counts, layout.offsets
+        done = np.fromiter((seq.generated for seq in sequences), np.int64, len(sequences))
+        input_ids = np.fromiter(
+            itertools.chain.from_iterable(seq.next_inputs for seq in sequences), np.int64, len(rows)
+        )
+        positions = done if layout.single else np.repeat(done, counts)
         outputs: GreedyStep | None = None
-        greedy_pass = GREEDY_PASS_ROWS <= len(rows) == len(sequences)
+        greedy_pass = len(rows) >= GREEDY_PASS_ROWS and layout.single
         if greedy_pass and all(seq.greedy for seq in sequences):
             # every row greedy: the argmax over the allowed tokens, from the device where the
             # cache can; the logits only if a row's sampler must decide (a NaN)
@@ -363,7 +379,6 @@ class InFlightEngine:
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(rows), stage="decoder_step")
-        offsets = list(itertools.accumulate(counts, initial=0))
         if outputs is not None:
             greedy = dict(enumerate(greedy_decide(outputs.tokens, outputs.best, *facts).tolist()))
         else:
@@ -427,10 +442,11 @@ class InFlightEngine:
         self._count_token(seq, now)
         if token == self.spec.eos_id:
             return self._finish(seq, "stop")
-        seq.tokens.append(token)
-        seq.next_inputs = np.array([token], dtype=np.int64)
-        self._outbox.post(seq.request, TokenEvent(token, len(seq.tokens) - 1))
-        if len(seq.tokens) >= seq.max_new or seq.generated >= self._position_limit(seq):
+        tokens = seq.tokens
+        tokens.append(token)
+        seq.next_inputs = [token]
+        self._outbox.post(seq.request, TokenEvent(token, len(tokens) - 1))
+        if len(tokens) >= seq.max_new or seq.generated >= seq.limit:
             return self._finish(seq, "length")
         return False
 
@@ -440,15 +456,11 @@ class InFlightEngine:
         seq.generated += 1
         parents, tokens = seq.beam.step(logits)
         seq.parents = np.asarray(parents, dtype=np.int64)
-        seq.next_inputs = np.asarray(tokens, dtype=np.int64)
+        seq.next_inputs = [int(token) for token in tokens]
         self._count_token(seq, now)
-        if seq.beam.done or seq.generated >= self._position_limit(seq):
+        if seq.beam.done or seq.generated >= seq.limit:
             return self._finish_beam(seq)
         return False
-
-    def _position_limit(self, seq: _Sequence) -> int:
-        """The decoder position table bounds the sequence (start token included)."""
-        return min(seq.max_new, self.spec.max_positions - 1)
 
     def _count_token(self, seq: _Sequence, now: float) -> None:
         last = seq.last_token_time
@@ -509,6 +521,7 @@ class InFlightEngine:
         if not gone:
             return
         self.sequences = [seq for seq in self.sequences if seq not in gone]
+        self._layout = None
         self.cache.release(np.concatenate([seq.rows for seq in gone]))
 
     def _fail_all(self, error: Exception) -> None:
