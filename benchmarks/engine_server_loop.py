@@ -13,8 +13,9 @@ greedy streams through the frontends' own ``EngineClient`` / ``RemoteEngine`` (c
 gRPC), for ``--duration`` seconds after a warm-up.
 
 Writes ``benchmarks/results/engine-server-loop-*.json``: per stream count, new tokens/s at the
-clients, decode steps/s, rows per step, and the engine process's CPU time per token (its engine
-thread and event loop together; the clients run in their own processes).
+clients, decode steps/s, rows per step, the engine process's CPU time per token (its engine
+thread and event loop together) and the client processes' (what a frontend spends per token on
+the engine's messages, before any gRPC).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ async def _drive(address: str, streams: int, start_at: float, end_at: float) -> 
     await client.start()
     engine = RemoteEngine(client, MODEL, streams)
     options = DecodingOptions(max_new_tokens=NEW_TOKENS)
-    counts = {"tokens": 0, "requests": 0}
+    counts = {"tokens": 0, "requests": 0, "cpu_us": 0}
 
     async def stream() -> None:
         while time.time() < end_at:
@@ -71,7 +72,13 @@ async def _drive(address: str, streams: int, start_at: float, end_at: float) -> 
             if start_at <= time.time() < end_at:
                 counts["requests"] += 1
 
-    await asyncio.gather(*(stream() for _ in range(streams)))
+    async def clock() -> None:  # this process's CPU time over the window
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        started = time.process_time()
+        await asyncio.sleep(max(0.0, end_at - time.time()))
+        counts["cpu_us"] = round((time.process_time() - started) * 1e6)
+
+    await asyncio.gather(clock(), *(stream() for _ in range(streams)))
     await client.close()
     return counts
 
@@ -120,6 +127,10 @@ async def _point(
         "rows_per_step": round(tokens / steps, 2) if steps else 0.0,
         "engine_process_cpu_share": round(cpu / duration, 3),
         "engine_process_us_per_token": round(cpu / tokens * 1e6, 2) if tokens else None,
+        # the client processes' CPU (a frontend's engine-side work per token, without gRPC)
+        "client_us_per_token": (
+            round(sum(c["cpu_us"] for c in counts) / tokens, 2) if tokens else None
+        ),
     }
 
 

@@ -29,3 +29,4 @@ def test_client_processes_decode_every_stream_through_the_engine_socket(
         abs(point["engine_process_us_per_token"] - cpu / point["tokens"] * 1e6)
         < 0.05 * (point["engine_process_us_per_token"])
     )
+    assert point["client_us_per_token"] > 0
