@@ -202,12 +202,17 @@ def test_caches_widen_and_narrow_with_their_longest_row(tiny_repository: Path) -
     )
     (c,) = cache.admit(long_source, [1])
     assert decoder.source_width == 16 and cache.relayouts == 2
+    cross = decoder.cross["cross_key.0"]  # written through a binding of the wider buffers
+    np.testing.assert_allclose(cross.host()[c[0], :, :12], long_source.cross[0][0], rtol=1e-6)
     np.testing.assert_array_equal(decoder.past["past_value.1"].host()[:2, :, :10], written)
     cache.release(a)  # the longest self-attention row leaves: back to 8 positions
     assert decoder.past_width == 8 and decoder.source_width == 16
     np.testing.assert_array_equal(decoder.past["past_value.1"].host()[1, :, :3], written[1, :, :3])
     cache.release(c)  # the longest source leaves
     assert decoder.source_width == 8 and cache.relayouts == 4
+    (d,) = cache.admit(short, [1])  # the writer binds the buffers at 8 positions again
+    np.testing.assert_allclose(cross.host()[d[0], :, :3], short.cross[0][0], rtol=1e-6)
+    cache.release(d)
     cache.release(b)
     assert cache.rows == 0 and cache.tokens == 0
 
