@@ -150,6 +150,9 @@ class EventChannel:
 
     def put(self, event: Event) -> None:
         """Add an event (on the loop); wake the taker if its chunk is due."""
+        if self._listener is not None and not self._interval:  # due at once: no list kept
+            self._listener([event])
+            return
         self._items.append(event)
         if isinstance(event, FinishEvent | ErrorEvent):
             self._ended = True

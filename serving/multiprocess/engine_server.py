@@ -12,6 +12,7 @@ this loop once per step), so the messaging cost per step does not grow with the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import defaultdict
@@ -132,7 +133,7 @@ class EngineServer:
                 deadline=header["deadline"],
                 arrival=header["arrival"],
             )
-            engine.submit(request, lambda events: self._forward(key, events))
+            engine.submit(request, functools.partial(self._forward, key))
             self._generations[key] = request
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
