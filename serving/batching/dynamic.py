@@ -79,6 +79,34 @@ class _Pending(Generic[T, R]):
     deadline: float | None
 
 
+class Ticket(Generic[R]):
+    """A queued request (``DynamicBatcher.enqueue``): its future, and what ends its wait."""
+
+    __slots__ = ("_timer", "_withdraw", "future")
+
+    def __init__(
+        self,
+        future: asyncio.Future[R],
+        timer: asyncio.TimerHandle | None,
+        withdraw: Callable[[], None],
+    ) -> None:
+        self.future = future
+        self._timer = timer
+        self._withdraw = withdraw
+
+    def done(self) -> None:
+        """The result is in (or the caller left): the deadline timer goes."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def withdraw(self) -> None:
+        """The caller gives up: the future is cancelled and the item leaves the queue if it has
+        not been dispatched yet."""
+        self._withdraw()
+        self.done()
+
+
 @dataclass(frozen=True)
 class _Instruments:
     """The batcher's metric children, bound to its model and stage labels once."""
@@ -210,6 +238,24 @@ class DynamicBatcher(Generic[T, R]):
             Internal: ``run_batch`` raised or returned the wrong number of results.
             Exception: whatever exception ``run_batch`` returned for this item.
         """
+        ticket = self.enqueue(item, timeout_s=timeout_s)
+        try:
+            return await ticket.future
+        except asyncio.CancelledError:
+            ticket.withdraw()
+            raise
+        finally:
+            ticket.done()
+
+    def enqueue(self, item: T, *, timeout_s: float | None = None) -> Ticket[R]:
+        """Queue ``item`` without waiting: its result or error arrives in the ticket's future
+        (``submit``'s, which awaits it). The caller calls ``done()`` once the future is done,
+        or ``withdraw()`` if it gives up first. No task per request: the engine process answers
+        its frontends from a callback on the future.
+
+        Raises:
+            ResourceExhausted, DeadlineExceeded, Unavailable: as ``submit``.
+        """
         self._check_accepting()
         now = self._clock()
         deadline = deadline_for(now, timeout_s, self._settings.timeout_ms)
@@ -226,14 +272,7 @@ class DynamicBatcher(Generic[T, R]):
         timer = None
         if deadline is not None:
             timer = loop.call_later(deadline - now, self._expire, pending, deadline - now)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._discard(pending)
-            raise
-        finally:
-            if timer is not None:
-                timer.cancel()
+        return Ticket(future, timer, lambda: self._discard(pending))
 
     # --- the loop ------------------------------------------------------------------------------
 

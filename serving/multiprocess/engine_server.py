@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.batching.dynamic import DynamicBatcher, Ticket
 from serving.engine.inflight import InFlightEngine
 from serving.engine.pool import EnginePool
 from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
@@ -50,7 +51,7 @@ class EngineServer:
         self._frontends: dict[int, MessageConnection] = {}
         self._connections = itertools.count(1)
         self._generations: dict[Key, GenerationRequest] = {}
-        self._tasks: dict[Key, asyncio.Task[None]] = {}
+        self._classifications: dict[Key, Ticket[np.ndarray]] = {}
         self._outgoing: dict[int, tuple[list[Any], list[np.ndarray]]] = defaultdict(
             lambda: ([], [])
         )
@@ -65,11 +66,8 @@ class EngineServer:
 
     async def close(self) -> None:
         """Cancel what still runs and close the socket and the connections."""
-        for request in self._generations.values():
-            request.cancel()
-        for task in list(self._tasks.values()):
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for key in [*self._generations, *self._classifications]:
+            self._cancel(key)
         if self._server is not None:
             self._server.close()
         for connection in list(self._frontends.values()):
@@ -87,7 +85,7 @@ class EngineServer:
         """A frontend went away: its requests stop, freeing their rows."""
         self._frontends.pop(frontend, None)
         self._outgoing.pop(frontend, None)
-        for key in {k for k in (*self._generations, *self._tasks) if k[0] == frontend}:
+        for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
             self._cancel(key)
 
     def _dispatch(self, frontend: int, frames: Frames) -> None:
@@ -103,9 +101,7 @@ class EngineServer:
         elif kind == "generate" and len(arrays) == 1:
             self._generate(key, header, np.array(arrays[0]))  # the copy owns its memory
         elif kind == "classify" and len(arrays) == 1:
-            task = asyncio.create_task(self._classify(key, header, np.array(arrays[0])))
-            self._tasks[key] = task
-            task.add_done_callback(lambda _, k=key: self._tasks.pop(k, None))
+            self._classify(key, header, np.array(arrays[0]))
         else:
             log.error("unknown message %r from a frontend; dropped", kind)
 
@@ -113,8 +109,8 @@ class EngineServer:
         request = self._generations.pop(key, None)
         if request is not None:
             request.cancel()  # the decode loop frees its rows before the next step
-        elif (task := self._tasks.get(key)) is not None:
-            task.cancel()  # a classification still waiting in the batcher
+        elif (ticket := self._classifications.pop(key, None)) is not None:
+            ticket.withdraw()  # a classification still waiting in the batcher
 
     def _generate(self, key: Key, header: dict[str, Any], source: np.ndarray) -> None:
         """Queue the generation on its model's engine; its events go to the frontend as the
@@ -145,17 +141,33 @@ class EngineServer:
         if isinstance(events[-1], FinishEvent | ErrorEvent):
             self._generations.pop(key, None)
 
-    async def _classify(self, key: Key, header: dict[str, Any], pixels: np.ndarray) -> None:
+    def _classify(self, key: Key, header: dict[str, Any], pixels: np.ndarray) -> None:
+        """Queue the image in its model's batcher; the answer goes to the frontend from a
+        callback on the result (no task per request)."""
         try:
             model = self.repository.get(str(header["model"]))
             if not isinstance(model, ServedClassifier):
                 raise InvalidArgument(f"model {model.name!r} is not a classifier")
-            probabilities = await model.batcher.submit(pixels, timeout_s=header["timeout"])
-            self._post(key, [key[1], "result", None], probabilities)
-        except asyncio.CancelledError:
-            raise
+            batcher = model.batcher
+            if not isinstance(batcher, DynamicBatcher):
+                raise Internal(f"model {model.name!r} has no batcher in this process")
+            ticket = batcher.enqueue(pixels, timeout_s=header["timeout"])
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
+            return
+        self._classifications[key] = ticket
+        ticket.future.add_done_callback(functools.partial(self._classified, key, ticket))
+
+    def _classified(self, key: Key, ticket: Ticket[np.ndarray], future: asyncio.Future) -> None:
+        ticket.done()
+        self._classifications.pop(key, None)
+        if future.cancelled():  # the frontend cancelled it: nobody waits for an answer
+            return
+        error = future.exception()
+        if error is None:
+            self._post(key, [key[1], "result", None], future.result())
+        else:
+            self._post(key, event_item(key[1], ErrorEvent(_serving_error(error))))
 
     def _post(self, key: Key, item: list[Any], array: np.ndarray | None = None) -> None:
         """Queue an event for the frontend; one message per frontend per loop turn."""

@@ -298,6 +298,38 @@ def test_cancelled_submit_removes_its_item() -> None:
     assert model.seen == [0]
 
 
+def test_enqueued_items_answer_through_their_futures_and_a_withdrawn_one_never_runs() -> None:
+    """``enqueue`` (what the engine process uses, no task per request): each future gets its
+    own item's outcome; a withdrawn ticket's future is cancelled and its item leaves the queue;
+    a ticket past its deadline fails with DEADLINE_EXCEEDED."""
+    model = FakeModel(block_first=True, fail_items=[3])
+
+    async def body(batcher: DynamicBatcher[int, int]) -> list[Any]:
+        first = batcher.enqueue(0)
+        await wait_until(model.started.is_set)
+        tickets = [batcher.enqueue(x) for x in (1, 2, 3)]
+        late = batcher.enqueue(4, timeout_s=0.02)
+        await wait_until(lambda: batcher.queue_depth == 4)
+        tickets[1].withdraw()
+        assert tickets[1].future.cancelled() and batcher.queue_depth == 3
+        with pytest.raises(DeadlineExceeded):
+            await late.future  # its timer fired while item 0 blocks the batcher
+        late.done()
+        model.release.set()
+        outcomes = []
+        for ticket in (first, tickets[0], tickets[2]):
+            try:
+                outcomes.append(await ticket.future)
+            except ValueError as err:
+                outcomes.append(str(err))
+            ticket.done()
+        return outcomes
+
+    outcomes = run_with_batcher(model, make_settings(max_batch_size=1, max_queue_delay_us=0), body)
+    assert outcomes == [0, 2, "bad item 3"]
+    assert model.seen == [0, 1, 3]  # neither the withdrawn item nor the expired one ran
+
+
 def test_stop_with_drain_finishes_queued_work_then_refuses_new() -> None:
     model = FakeModel()
 

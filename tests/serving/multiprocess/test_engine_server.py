@@ -1,20 +1,26 @@
 """The engine process's socket, in one process: a frontend connection that closes (a frontend
-that died) has its requests cancelled in the engine, whose rows go free for the others."""
+that died) has its requests cancelled in the engine: generations free their rows for the others,
+queued classifications leave the batcher's queue."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from contract.model_config import DynamicBatching
+from contract.repository import read_model_config, resolve_version
+from serving.batching import DynamicBatcher
 from serving.engine.requests import GenerationRequest
 from serving.generation.options import DecodingOptions
 from serving.multiprocess.engine_server import EngineServer
-from serving.multiprocess.remote import EngineClient, RemoteEngine
+from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
 from serving.repository import ModelRepository
+from serving.served import ServedClassifier
 
 
 def slow_steps(cache: Any, seconds: float = 0.02) -> None:
@@ -55,10 +61,10 @@ def test_a_closed_frontend_connection_cancels_its_requests(
         requests = list(server._generations.values())
         client._connection.close()  # the frontend is gone without a word
         for _ in range(200):
-            if not server._generations and not server._tasks:
+            if not server._generations and not server._classifications:
                 break
             await asyncio.sleep(0.05)
-        left = len(server._generations) + len(server._tasks)
+        left = len(server._generations) + len(server._classifications)
         await server.close()
         await client.close()
         await repository.stop(5)
@@ -69,3 +75,65 @@ def test_a_closed_frontend_connection_cancels_its_requests(
     assert all(r.is_cancelled() for r in requests)
     assert left == 0  # every generation ended in the engine
     assert not alive  # the frontend side saw its connection go
+
+
+class _Classifier:
+    """The repository ``EngineServer`` sees: one classifier whose batcher is given."""
+
+    def __init__(self, model: ServedClassifier) -> None:
+        self.model = model
+
+    def get(self, name: str) -> ServedClassifier:
+        return self.model
+
+
+def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """Classifications wait in the batcher through a ticket, not a task: one runs (its batch
+    blocks), two wait; the frontend's connection closes; the waiting ones leave the queue and
+    never run, and the engine server holds nothing for the frontend."""
+    release, seen = threading.Event(), []
+
+    def run_batch(items: list[np.ndarray]) -> list[np.ndarray]:
+        seen.append(len(items))
+        release.wait(10)
+        return [np.zeros(10, np.float32) for _ in items]
+
+    async def main() -> tuple[int, int, int]:
+        entry = tiny_repository / "vit"
+        settings = DynamicBatching(max_batch_size=1, max_queue_delay_us=0, timeout_ms=30_000)
+        batcher = DynamicBatcher("vit", run_batch, settings)
+        model = ServedClassifier(
+            read_model_config(entry), resolve_version(entry), None, batcher=batcher
+        )
+        await batcher.start()
+        server = EngineServer(_Classifier(model), str(tmp_path / "engine.sock"))  # type: ignore[arg-type]
+        await server.bind()
+        client = EngineClient(server.path)
+        await client.start()
+        remote = RemoteBatcher(client, "vit")
+        pixels = np.zeros((3, 32, 32), np.float32)
+        calls = [asyncio.ensure_future(remote.submit(pixels)) for _ in range(3)]
+        for _ in range(200):
+            if batcher.queue_depth == 2 and seen:
+                break
+            await asyncio.sleep(0.01)
+        queued = batcher.queue_depth
+        client._connection.close()  # the frontend is gone without a word
+        for _ in range(200):
+            if not server._classifications and batcher.queue_depth == 0:
+                break
+            await asyncio.sleep(0.01)
+        left = len(server._classifications) + batcher.queue_depth
+        release.set()
+        await asyncio.gather(*calls, return_exceptions=True)
+        await batcher.stop()
+        await server.close()
+        await client.close()
+        return queued, left, len(seen)
+
+    queued, left, batches = asyncio.run(main())
+    assert queued == 2  # one running, two waiting in the queue
+    assert left == 0  # withdrawn: out of the queue and forgotten by the engine server
+    assert batches == 1  # the withdrawn ones never ran
