@@ -202,17 +202,28 @@ def measure(
         engine.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_loop")
-    parser.add_argument("--streams", type=int, nargs="+", default=[1, 32, 128, 256])
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
-    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each point")
+def add_repository_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repository",
         type=Path,
         help="exported repository with a translator entry (default: the shipped translator, "
         "exported into the benchmark cache on first use)",
     )
+
+
+def default_repository() -> Path:
+    """The shipped models, exported into the benchmark cache on first use."""
+    from benchmarks.serve_setups import shipped_repository
+
+    return shipped_repository(default_cache())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.engine_loop")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 32, 128, 256])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each point")
+    add_repository_argument(parser)
     parser.add_argument(
         "--gc-freeze",
         action=argparse.BooleanOptionalAction,
@@ -234,10 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     args = parser.parse_args(argv)
-    if args.repository is None:
-        from benchmarks.serve_setups import shipped_repository
-
-        args.repository = shipped_repository(default_cache())
+    args.repository = args.repository or default_repository()
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
     points = measure(
         args.repository / "translator",

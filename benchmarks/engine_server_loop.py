@@ -32,8 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.engine_loop import DEFAULT_OUT, NEW_TOKENS, SOURCE, engine_config, instant_engine
-from benchmarks.marian import default_cache
+from benchmarks.engine_loop import (
+    DEFAULT_OUT,
+    NEW_TOKENS,
+    SOURCE,
+    add_repository_argument,
+    default_repository,
+    engine_config,
+    instant_engine,
+)
 from benchmarks.output import write_probe
 
 MODEL = "translator"
@@ -176,12 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frontends", type=int, default=2, help="client processes")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        help="exported repository with a translator entry (default: the shipped translator, "
-        "exported into the benchmark cache on first use)",
-    )
+    add_repository_argument(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process's own arguments
@@ -190,10 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         address, streams, start_at, end_at = json.loads(args.client)
         print(json.dumps(asyncio.run(_drive(address, streams, start_at, end_at))))
         return 0
-    if args.repository is None:
-        from benchmarks.serve_setups import shipped_repository
-
-        args.repository = shipped_repository(default_cache())
+    args.repository = args.repository or default_repository()
     duration, warmup = (0.5, 0.2) if args.tiny else (args.duration, args.warmup)
     points = measure(args.repository / MODEL, args.streams, args.frontends, duration, warmup)
     write_probe(
