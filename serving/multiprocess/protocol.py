@@ -118,8 +118,12 @@ def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
 # --- the pieces of a header ---------------------------------------------------------------------
 
 
+_OPTION_FIELDS = tuple(field.name for field in dataclasses.fields(DecodingOptions))
+
+
 def options_payload(options: DecodingOptions) -> dict[str, Any]:
-    return dataclasses.asdict(options)
+    """The options' fields as they are (all scalars; ``dataclasses.asdict`` deep-copies)."""
+    return {name: getattr(options, name) for name in _OPTION_FIELDS}
 
 
 def options_from(payload: Any) -> DecodingOptions:

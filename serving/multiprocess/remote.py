@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
-from serving.errors import Unavailable
+from serving.engine.requests import ErrorEvent, Event, EventChannel, FinishEvent, GenerationRequest
+from serving.errors import Internal, Unavailable
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
@@ -47,7 +47,8 @@ class EngineClient:
         self.engine_pid = engine_pid
         self.alive = True
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.Queue[Item]] = {}
+        # per request id: a generation's events (channel) or a classification's answer (future)
+        self._waiting: dict[int, EventChannel | asyncio.Future[Item]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._connection: MessageConnection | None = None
         self._outbox: list[list[bytes | memoryview]] = []  # this loop turn's, not yet written
@@ -76,17 +77,33 @@ class EngineClient:
         if self._connection is not None:
             self._connection.close()
 
-    def open(self) -> tuple[int, asyncio.Queue[Item]]:
-        """A new request id and the queue its events arrive in.
+    def open_stream(self) -> tuple[int, EventChannel]:
+        """A new request id and the channel its events arrive in (a generation).
 
         Raises:
             Unavailable: the engine process is gone.
         """
+        channel = EventChannel(self._running_loop())
+        return self._open(channel), channel
+
+    def open_call(self) -> tuple[int, asyncio.Future[Item]]:
+        """A new request id and the future its one answer arrives in (a classification).
+
+        Raises:
+            Unavailable: the engine process is gone.
+        """
+        future: asyncio.Future[Item] = self._running_loop().create_future()
+        return self._open(future), future
+
+    def _open(self, waiter: EventChannel | asyncio.Future[Item]) -> int:
         if not self.alive:
             raise Unavailable(ENGINE_GONE)
         request_id = next(self._ids)
-        self._waiting[request_id] = asyncio.Queue()
-        return request_id, self._waiting[request_id]
+        self._waiting[request_id] = waiter
+        return request_id
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop or asyncio.get_running_loop()
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
@@ -114,10 +131,13 @@ class EngineClient:
 
     def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
         for request_id, kind, payload in header.get("items", []):
-            queue = self._waiting.get(request_id)
-            if queue is None:  # the caller went away; its cancel is on its way
+            waiter = self._waiting.get(request_id)
+            if waiter is None:  # the caller went away; its cancel is on its way
                 continue
-            queue.put_nowait((kind, arrays[payload] if kind == "result" else payload))
+            if isinstance(waiter, EventChannel):
+                waiter.put(_event(kind, payload))
+            elif not waiter.done():
+                waiter.set_result((kind, arrays[payload] if kind == "result" else payload))
 
     def _lost(self) -> None:
         if not self._closing:
@@ -128,8 +148,11 @@ class EngineClient:
         if not self.alive:
             return
         self.alive = False
-        for queue in self._waiting.values():
-            queue.put_nowait(("error", ["UNAVAILABLE", ENGINE_GONE]))
+        for waiter in self._waiting.values():
+            if isinstance(waiter, EventChannel):
+                waiter.put(ErrorEvent(Unavailable(ENGINE_GONE)))
+            elif not waiter.done():
+                waiter.set_result(("error", ["UNAVAILABLE", ENGINE_GONE]))
 
     async def _watch(self) -> None:
         assert self.engine_pid is not None
@@ -137,6 +160,16 @@ class EngineClient:
             await asyncio.sleep(ENGINE_CHECK_S)
         log.error("the engine process (pid %d) is gone; failing its requests", self.engine_pid)
         self._engine_gone()
+
+
+def _event(kind: str, payload: Any) -> Event:
+    """The event an item carries; a malformed one ends its request with INTERNAL (logged)
+    rather than leaving its caller waiting for a final event."""
+    try:
+        return event_from(kind, payload)
+    except ProtocolError:
+        log.exception("malformed event from the engine process")
+        return ErrorEvent(Internal("the engine process sent a malformed event; see the logs"))
 
 
 def _alive(pid: int) -> bool:
@@ -183,7 +216,7 @@ class RemoteEngine:
     async def generate_chunks(self, request: GenerationRequest) -> AsyncIterator[list[Event]]:
         """Send ``request`` to the engine process and yield its events as they arrive (all that
         arrived together as one chunk); cancelled in the engine when the caller stops early."""
-        request_id, queue = self.client.open()
+        request_id, channel = self.client.open_stream()
         source = request.source_ids if request.source_ids is not None else request.pixels
         self.client.send(
             {
@@ -200,10 +233,7 @@ class RemoteEngine:
         done = False
         try:
             while not done:
-                items = [await queue.get()]
-                while not queue.empty():
-                    items.append(queue.get_nowait())
-                chunk = [event_from(kind, payload) for kind, payload in items]
+                chunk = await channel.chunk()
                 done = isinstance(chunk[-1], FinishEvent | ErrorEvent)
                 yield chunk
         finally:
@@ -235,12 +265,12 @@ class RemoteBatcher:
         Raises:
             ServingError: what the engine's batcher raised (queue full, deadline, ...).
         """
-        request_id, queue = self.client.open()
+        request_id, answer = self.client.open_call()
         header = {"t": "classify", "id": request_id, "model": self.model, "timeout": timeout_s}
         self.client.send(header, [item])
         answered = False
         try:
-            kind, payload = await queue.get()
+            kind, payload = await answer
             answered = True
         finally:
             self.client.forget(request_id)
