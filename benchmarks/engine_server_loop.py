@@ -47,16 +47,6 @@ MODEL = "translator"
 CLIENT_START_S = 4.0  # a client process imports numpy and the serving package before it drives
 
 
-class _OneModel:
-    """The ``ModelRepository`` interface ``EngineServer`` uses: one served generator."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def get(self, name: str) -> Any:
-        return self.model
-
-
 async def _drive(address: str, streams: int, start_at: float, end_at: float) -> dict[str, int]:
     """A client process: ``streams`` closed-loop streams; tokens and requests that arrived
     between ``start_at`` and ``end_at`` (wall-clock seconds)."""
@@ -149,6 +139,7 @@ def measure(
     from contract.repository import resolve_version
     from serving.gc_policy import settle
     from serving.multiprocess.engine_server import EngineServer
+    from serving.repository import ModelRepository
     from serving.served.generator import ServedGenerator
 
     engine, _ = instant_engine(entry, max(streams), instant_encoder=True)
@@ -162,7 +153,7 @@ def measure(
             address = os.path.join(folder, "engine.sock")
 
             async def run(n: int) -> dict[str, Any]:
-                server = EngineServer(_OneModel(model), address)  # type: ignore[arg-type]
+                server = EngineServer(ModelRepository({MODEL: model}), address)
                 await server.bind()
                 try:
                     return await _point(server, engine, address, n, frontends, duration, warmup)

@@ -83,7 +83,7 @@ class EngineClient:
         Raises:
             Unavailable: the engine process is gone.
         """
-        channel = EventChannel(self._running_loop())
+        channel = EventChannel(asyncio.get_running_loop())
         return self._open(channel), channel
 
     def open_call(self) -> tuple[int, asyncio.Future[Item]]:
@@ -92,7 +92,7 @@ class EngineClient:
         Raises:
             Unavailable: the engine process is gone.
         """
-        future: asyncio.Future[Item] = self._running_loop().create_future()
+        future: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
         return self._open(future), future
 
     def _open(self, waiter: EventChannel | asyncio.Future[Item]) -> int:
@@ -101,9 +101,6 @@ class EngineClient:
         request_id = next(self._ids)
         self._waiting[request_id] = waiter
         return request_id
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop or asyncio.get_running_loop()
 
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)

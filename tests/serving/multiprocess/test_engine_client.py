@@ -13,7 +13,6 @@ from serving.multiprocess.remote import ENGINE_GONE, EngineClient
 def test_items_reach_their_streams_and_calls_and_a_malformed_one_ends_its_stream() -> None:
     async def main() -> tuple[list, list, tuple, tuple]:
         client = EngineClient("/nonexistent.sock")
-        client._loop = asyncio.get_running_loop()
         (good, good_events), (bad, bad_events) = client.open_stream(), client.open_stream()
         call, answer = client.open_call()
         finish = {"reason": "length", "tokens": [7, 8], "score": None, "alternatives": []}
@@ -42,7 +41,6 @@ def test_items_reach_their_streams_and_calls_and_a_malformed_one_ends_its_stream
 def test_streams_open_when_the_engine_goes_end_unavailable() -> None:
     async def main() -> list:
         client = EngineClient("/nonexistent.sock")
-        client._loop = asyncio.get_running_loop()
         _, events = client.open_stream()
         client._engine_gone()
         return await events.chunk()

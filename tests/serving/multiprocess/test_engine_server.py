@@ -77,16 +77,6 @@ def test_a_closed_frontend_connection_cancels_its_requests(
     assert not alive  # the frontend side saw its connection go
 
 
-class _Classifier:
-    """The repository ``EngineServer`` sees: one classifier whose batcher is given."""
-
-    def __init__(self, model: ServedClassifier) -> None:
-        self.model = model
-
-    def get(self, name: str) -> ServedClassifier:
-        return self.model
-
-
 def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
@@ -108,7 +98,7 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
             read_model_config(entry), resolve_version(entry), None, batcher=batcher
         )
         await batcher.start()
-        server = EngineServer(_Classifier(model), str(tmp_path / "engine.sock"))  # type: ignore[arg-type]
+        server = EngineServer(ModelRepository({"vit": model}), str(tmp_path / "engine.sock"))
         await server.bind()
         client = EngineClient(server.path)
         await client.start()
