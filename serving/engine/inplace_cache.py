@@ -24,11 +24,13 @@ from serving.engine.slots import RowSlots, rows_to_compute, width_bucket
 from serving.seq2seq import Encoded
 
 # A greedy step picks its tokens on the device when its logits hold at least this many values
-# (4 MB of floats: 131 rows of an 8,000-token vocabulary). Below, copying the logits and numpy's
-# argmax cost less than the extra graph run. Measured on an H100 (2026-11-26, Marian-base fp32,
-# `python -m benchmarks.greedy_pick_probe`), ms per step host argmax / device pick: batches
-# 1-32 0.72-0.95 (the pick's run costs 0.1-0.5 ms), batch 64 0.90-1.00, batch 256 1.30-1.36.
-PICK_MIN_LOGITS = 1 << 20
+# (3 MB of floats: 98 rows of an 8,000-token vocabulary). Below, copying the logits and numpy's
+# argmax cost less than the extra graph run. Measured with `python -m
+# benchmarks.greedy_pick_probe` (Marian-base fp32), ms per step host argmax / device pick: on an
+# H100 (2026-11-26 15:00 UTC) batches 1-32 0.72-0.95 (the pick's run costs 0.1-0.5 ms), batch 64
+# 0.90-1.00, batch 256 1.30-1.36; on an H200 (21:30 UTC) batch 64 0.82-0.96, batch 128 1.13-1.17,
+# batch 256 1.33-1.34: the break-even lies between 64 and 128 rows.
+PICK_MIN_LOGITS = 3 << 18
 
 
 class InPlaceKVCache:
