@@ -250,6 +250,8 @@ class InFlightEngine:
             raise Unavailable(f"model {self.name!r} is shutting down; retry on another replica")
         interval = self.batching.stream_interval_ms / 1000
         events = request.attach(asyncio.get_running_loop(), interval, listener)
+        if interval:  # tokens are held for the interval in the channel: none bypass it
+            request.token_route = None
         if not self.queue.offer(request):
             raise ResourceExhausted(
                 f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
@@ -445,7 +447,7 @@ class InFlightEngine:
         tokens = seq.tokens
         tokens.append(token)
         seq.next_inputs = [token]
-        self._outbox.post(seq.request, TokenEvent(token, len(tokens) - 1))
+        self._outbox.post_token(seq.request, token, len(tokens) - 1)
         if len(tokens) >= seq.max_new or seq.generated >= seq.limit:
             return self._finish(seq, "length")
         return False

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -74,6 +75,9 @@ class GenerationRequest:
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: EventChannel | None = None
+        # (sink, route): the decode loop hands this request's tokens to ``sink`` in columns, a
+        # step's tokens of every request on that sink at once, instead of as TokenEvents
+        self.token_route: tuple[TokenSink, int] | None = None
 
     # --- what the admission policy sees -------------------------------------------------------
     @property
@@ -115,6 +119,18 @@ class GenerationRequest:
 
 
 Listener = Callable[[list[Event]], None]
+
+
+class TokenSink(Protocol):
+    """Where a decode step's tokens for many requests go at once, on ``loop``: the requests'
+    routes (``GenerationRequest.token_route``), their tokens and the tokens' output indices, in
+    the order the engine chose them. Its requests' other events (finish, error) still arrive
+    through their channels, after the tokens of the same step (the engine process sends its
+    frontends one message per step this way, not an event per token)."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def tokens(self, routes: list[int], tokens: list[int], indices: list[int]) -> None: ...
 
 
 class EventChannel:
@@ -205,32 +221,60 @@ class Outbox:
     """Events of one engine iteration, handed to each caller event loop in ONE wake-up.
 
     A decode step produces a token for every running sequence; waking the callers' loop once
-    per step instead of once per token keeps the cross-thread cost flat in the batch size.
+    per step instead of once per token keeps the cross-thread cost flat in the batch size. The
+    tokens of requests with a ``token_route`` travel as columns per sink (no event objects).
     """
 
     def __init__(self) -> None:
         self._items: list[tuple[GenerationRequest, Event]] = []
+        self._columns: dict[TokenSink, tuple[list[int], list[int], list[int]]] = {}
 
     def post(self, request: GenerationRequest, event: Event) -> None:
         self._items.append((request, event))
 
-    def flush(self) -> None:
-        if not self._items:
+    def post_token(self, request: GenerationRequest, token: int, index: int) -> None:
+        """A generated token: into its sink's columns, else as a ``TokenEvent``."""
+        route = request.token_route
+        if route is None:
+            self._items.append((request, TokenEvent(token, index)))
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[GenerationRequest, Event]]] = {}
+        sink, key = route
+        columns = self._columns.get(sink)
+        if columns is None:
+            columns = self._columns[sink] = ([], [], [])
+        columns[0].append(key)
+        columns[1].append(token)
+        columns[2].append(index)
+
+    def flush(self) -> None:
+        if not self._items and not self._columns:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, Delivery] = {}
+        for sink, columns in self._columns.items():
+            by_loop.setdefault(sink.loop, ([], []))[0].append((sink, columns))
         for request, event in self._items:
             if request._loop is not None and request._channel is not None:
-                by_loop.setdefault(request._loop, []).append((request, event))
-        self._items = []
-        for loop, items in by_loop.items():
+                by_loop.setdefault(request._loop, ([], []))[1].append((request, event))
+        self._items, self._columns = [], {}
+        for loop, delivery in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(_deliver, delivery)
             except RuntimeError:  # the callers' loop is closed: nobody is listening any more
-                for request, _ in items:
+                for request, _ in delivery[1]:
                     request.cancel()
 
 
-def _deliver(items: list[tuple[GenerationRequest, Event]]) -> None:
+# (token columns per sink, events per request) of one flush, for one loop
+Delivery = tuple[
+    list[tuple[TokenSink, tuple[list[int], list[int], list[int]]]],
+    list[tuple[GenerationRequest, Event]],
+]
+
+
+def _deliver(delivery: Delivery) -> None:
+    columns, items = delivery
+    for sink, (routes, tokens, indices) in columns:  # before the same step's finish events
+        sink.tokens(routes, tokens, indices)
     for request, event in items:
         assert request._channel is not None
         request._channel.put(event)

@@ -6,7 +6,9 @@ by the event loop itself); a frontend whose connection closes has its requests c
 Every generation becomes a ``GenerationRequest`` on the model's in-flight engine, every image a
 submission to the classifier's dynamic batcher, exactly as in a single-process server. The
 events a loop turn produces for one frontend leave as one message (the decode loop already wakes
-this loop once per step), so the messaging cost per step does not grow with the streams.
+this loop once per step), so the messaging cost per step does not grow with the streams. A
+step's tokens go to each frontend as three arrays (request ids, tokens, indices) from a
+``FrontendSink``: no event object, list item or msgpack entry per token here.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 from serving.batching.dynamic import DynamicBatcher, Ticket
 from serving.engine.inflight import InFlightEngine
 from serving.engine.pool import EnginePool
-from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest
+from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest, TokenSink
 from serving.errors import Internal, InvalidArgument, ServingError
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
@@ -32,6 +34,7 @@ from serving.multiprocess.protocol import (
     encode,
     event_item,
     options_from,
+    tokens_message,
 )
 from serving.repository import ModelRepository
 from serving.served import ServedClassifier, ServedGenerator
@@ -49,6 +52,7 @@ class EngineServer:
         self.repository = repository
         self.path = path
         self._frontends: dict[int, MessageConnection] = {}
+        self._sinks: dict[int, FrontendSink] = {}
         self._connections = itertools.count(1)
         self._generations: dict[Key, GenerationRequest] = {}
         self._classifications: dict[Key, Ticket[np.ndarray]] = {}
@@ -79,12 +83,15 @@ class EngineServer:
             lambda frames: self._dispatch(frontend, frames), lambda: self._lost(frontend)
         )
         self._frontends[frontend] = connection
+        self._sinks[frontend] = FrontendSink(asyncio.get_running_loop(), connection)
         return connection
 
     def _lost(self, frontend: int) -> None:
         """A frontend went away: its requests stop, freeing their rows."""
         self._frontends.pop(frontend, None)
         self._outgoing.pop(frontend, None)
+        if (sink := self._sinks.pop(frontend, None)) is not None:
+            sink.connection = None
         for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
             self._cancel(key)
 
@@ -129,6 +136,7 @@ class EngineServer:
                 deadline=header["deadline"],
                 arrival=header["arrival"],
             )
+            request.token_route = (self._sinks[key[0]], key[1])
             engine.submit(request, functools.partial(self._forward, key))
             self._generations[key] = request
         except Exception as err:
@@ -187,6 +195,18 @@ class EngineServer:
             connection = self._frontends.get(frontend)
             if connection is not None:
                 connection.send(encode({"t": "events", "items": items}, arrays))
+
+
+class FrontendSink(TokenSink):
+    """A decode step's tokens for one frontend's requests, sent as one ``tokens`` message."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, connection: MessageConnection) -> None:
+        self.loop = loop
+        self.connection: MessageConnection | None = connection  # None once the frontend left
+
+    def tokens(self, routes: list[int], tokens: list[int], indices: list[int]) -> None:
+        if self.connection is not None:
+            self.connection.send(tokens_message(routes, tokens, indices))
 
 
 def _serving_error(err: Exception) -> ServingError:

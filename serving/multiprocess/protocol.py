@@ -11,10 +11,15 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``classify``: ``{"t": "classify", "id", "model", "timeout", "arrays": [spec]}`` + the pixels;
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
 
-Engine -> frontend: ``{"t": "events", "items": [[id, kind, payload], ...], "arrays": [...]}`` +
-array frames, every event of one engine loop turn for that frontend in one message. Kinds:
-``token`` ([token_id, index]), ``finish`` (FinishEvent fields), ``error`` ([status name,
-message]), ``result`` (index of the array frame holding a classifier's probabilities).
+Engine -> frontend:
+
+- ``events``: ``{"t": "events", "items": [[id, kind, payload], ...], "arrays": [...]}`` + array
+  frames, every event of one engine loop turn for that frontend in one message. Kinds:
+  ``token`` ([token_id, index]), ``finish`` (FinishEvent fields), ``error`` ([status name,
+  message]), ``result`` (index of the array frame holding a classifier's probabilities);
+- ``tokens``: ``{"t": "tokens", "arrays": [...]}`` + three int64 frames of equal length: request
+  ids, token ids, output indices: one decode step's tokens for that frontend's streams (a
+  stream's finish follows in a later ``events`` message).
 
 Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
 """
@@ -149,6 +154,31 @@ def event_item(request_id: int, event: Event) -> list[Any]:
     error = event.error
     code = error.code.name if isinstance(error, ServingError) else "INTERNAL"
     return [request_id, "error", [code, str(error)]]
+
+
+def tokens_message(
+    routes: Sequence[int], tokens: Sequence[int], indices: Sequence[int]
+) -> list[bytes | memoryview]:
+    """The frames of a ``tokens`` message."""
+    return encode(
+        {"t": "tokens"},
+        [np.array(routes, np.int64), np.array(tokens, np.int64), np.array(indices, np.int64)],
+    )
+
+
+def tokens_from(arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:
+    """(request id, token, index) of each token a ``tokens`` message carries.
+
+    Raises:
+        ProtocolError: not three one-dimensional integer arrays of one length.
+    """
+    if (
+        len(arrays) != 3
+        or any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays)
+        or not len(arrays[0]) == len(arrays[1]) == len(arrays[2])
+    ):
+        raise ProtocolError("a tokens message holds three 1-d integer arrays of one length")
+    return list(zip(arrays[0].tolist(), arrays[1].tolist(), arrays[2].tolist(), strict=True))
 
 
 def event_from(kind: str, payload: Any) -> Event:

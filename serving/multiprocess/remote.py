@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from serving.engine.requests import ErrorEvent, Event, EventChannel, FinishEvent, GenerationRequest
+from serving.engine.requests import (
+    ErrorEvent,
+    Event,
+    EventChannel,
+    FinishEvent,
+    GenerationRequest,
+    TokenEvent,
+)
 from serving.errors import Internal, Unavailable
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
@@ -24,6 +31,7 @@ from serving.multiprocess.protocol import (
     encode,
     event_from,
     options_payload,
+    tokens_from,
 )
 
 log = logging.getLogger(__name__)
@@ -127,6 +135,9 @@ class EngineClient:
             log.exception("malformed message from the engine process; dropped")
 
     def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        if header.get("t") == "tokens":
+            self._route_tokens(arrays)
+            return
         for request_id, kind, payload in header.get("items", []):
             waiter = self._waiting.get(request_id)
             if waiter is None:  # the caller went away; its cancel is on its way
@@ -135,6 +146,13 @@ class EngineClient:
                 waiter.put(_event(kind, payload))
             elif not waiter.done():
                 waiter.set_result((kind, arrays[payload] if kind == "result" else payload))
+
+    def _route_tokens(self, arrays: list[np.ndarray]) -> None:
+        waiting = self._waiting
+        for request_id, token, index in tokens_from(arrays):
+            waiter = waiting.get(request_id)
+            if isinstance(waiter, EventChannel):  # None: the caller went away
+                waiter.put(TokenEvent(token, index))
 
     def _lost(self) -> None:
         if not self._closing:

@@ -127,3 +127,46 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
     assert queued == 2  # one running, two waiting in the queue
     assert left == 0  # withdrawn: out of the queue and forgotten by the engine server
     assert batches == 1  # the withdrawn ones never ran
+
+
+def test_a_steps_tokens_reach_a_frontend_as_one_tokens_message(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """Streams decoding together: their tokens come from the engine process as ``tokens``
+    messages, each holding several streams' tokens; every stream's tokens equal its finish's."""
+    kinds: list[tuple[str, int]] = []
+
+    async def main() -> list[list]:
+        repository = ModelRepository.load(tiny_repository, names=("translator",))
+        await repository.start()
+        server = EngineServer(repository, str(tmp_path / "engine.sock"))
+        await server.bind()
+        client = EngineClient(server.path)
+        await client.start()
+        route = client._route
+
+        def recording(header: dict, arrays: list) -> None:
+            kinds.append((header["t"], len(arrays[0]) if header["t"] == "tokens" else 0))
+            route(header, arrays)
+
+        client._route = recording  # type: ignore[method-assign]
+        engine = RemoteEngine(client, "translator", 8)
+        options = DecodingOptions(max_new_tokens=12, min_new_tokens=12)
+
+        async def events(seed: int) -> list:
+            request = GenerationRequest(options=options, source_ids=np.array([9, 10 + seed, 2]))
+            return [event async for event in engine.generate(request)]
+
+        out = await asyncio.gather(*(events(seed) for seed in range(4)))
+        await server.close()
+        await client.close()
+        await repository.stop(5)
+        return out
+
+    streams = asyncio.run(main())
+    for *tokens, finish in streams:
+        assert [t.token_id for t in tokens] == finish.tokens and len(finish.tokens) == 12
+        assert [t.index for t in tokens] == list(range(12))
+    per_message = [n for kind, n in kinds if kind == "tokens"]
+    assert sum(per_message) == 4 * 12
+    assert max(per_message) > 1  # a step's tokens of several streams in one message

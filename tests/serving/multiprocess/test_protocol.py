@@ -21,6 +21,8 @@ from serving.multiprocess.protocol import (
     event_item,
     options_from,
     options_payload,
+    tokens_from,
+    tokens_message,
 )
 
 DTYPES = st.sampled_from([np.int64, np.int32, np.float32, np.float16, np.float64, np.uint8])
@@ -110,3 +112,31 @@ def test_decoding_options_round_trip() -> None:
     assert options_from(msgpack.unpackb(msgpack.packb(options_payload(options)))) == options
     with pytest.raises(ProtocolError):
         options_from({"beams": 3})
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.tuples(INT64, INT64, INT64), max_size=300))
+def test_tokens_messages_round_trip(items: list[tuple[int, int, int]]) -> None:
+    routes, tokens, indices = (
+        (list(column) for column in zip(*items, strict=True)) if items else ([], [], [])
+    )
+    header, arrays = decode([bytes(f) for f in tokens_message(routes, tokens, indices)])
+    assert header["t"] == "tokens"
+    assert tokens_from(arrays) == items
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [
+        [np.zeros(2, np.int64), np.zeros(2, np.int64)],  # two columns
+        [np.zeros(2, np.int64), np.zeros(3, np.int64), np.zeros(2, np.int64)],  # lengths differ
+        [np.zeros(2, np.int64), np.zeros(2, np.float32), np.zeros(2, np.int64)],  # not integers
+        [np.zeros((2, 1), np.int64), np.zeros(2, np.int64), np.zeros(2, np.int64)],  # 2-d
+    ],
+)
+def test_malformed_tokens_messages_are_refused(arrays: list[np.ndarray]) -> None:
+    with pytest.raises(ProtocolError):
+        tokens_from(decode([bytes(f) for f in encode({"t": "tokens"}, arrays)])[1])
