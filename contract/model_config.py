@@ -61,6 +61,13 @@ class DynamicBatching:
     # its own thread (and its own sessions unless it has one intra-op thread: then all share
     # one set). intra_op_threads 0 then means the cores divided among the instances.
     instances: int = 1
+    # Pad each batch with zero images up to the next power of two (at most max_batch_size) and
+    # run every such size once when the model loads: the graph then meets a few input shapes,
+    # each prepared before the first request (on CUDA, cuDNN times every convolution algorithm
+    # the first time a shape runs, tens of milliseconds each, with cudnn_conv_algo_search:
+    # exhaustive). "auto": on when the first execution provider is not the CPU's, or with the
+    # TensorRT backend; off on the CPU, where a padded row costs as much as a real one.
+    batch_buckets: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         _at_least_one(self, "max_batch_size", "instances")

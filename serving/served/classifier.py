@@ -5,6 +5,7 @@ Plain Python types in and out (no protobuf): both gRPC services call this.
 
 from __future__ import annotations
 
+import asyncio
 import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,26 @@ from serving.served.entry import ServedEntry
 from serving.served.inputs import ImageSource
 
 DEFAULT_TOP_K = 5
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes a padded batch takes: powers of two below ``max_batch``, then it."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_batch)
+
+
+def pads_batches(config: ClassifierConfig) -> bool:
+    """``batching.batch_buckets`` resolved: "auto" pads on a GPU provider or TensorRT."""
+    setting = config.batching.batch_buckets
+    if setting != "auto":
+        return setting == "on"
+    providers = config.onnxruntime.execution_providers
+    return config.backend == "tensorrt" or (
+        bool(providers) and providers[0] != "CPUExecutionProvider"
+    )
 
 
 class Batcher(Protocol):
@@ -66,8 +87,12 @@ class ServedClassifier(ServedEntry):
         super().__init__(config, version_dir, backend)
         self.config = config
         self._free: queue.SimpleQueue[Backend] = queue.SimpleQueue()  # idle instances' graphs
-        for instance in (backend, *more_backends) if backend is not None else ():
+        self._instances = [backend, *more_backends] if backend is not None else []
+        for instance in self._instances:
             self._free.put(instance)
+        # batch sizes a batch is padded up to (batching.batch_buckets); () = as it comes
+        padded = pads_batches(config) and backend is not None
+        self.buckets = batch_buckets(config.batching.max_batch_size) if padded else ()
         self.images = ImageSource(
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype
         )
@@ -77,7 +102,18 @@ class ServedClassifier(ServedEntry):
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.buckets:
+            await asyncio.to_thread(self.warm_up)
         await self.batcher.start()
+
+    def warm_up(self) -> None:
+        """Run every bucket's batch size once on every instance (zero images), before any
+        request: what a new input shape costs the provider the first time is paid at load."""
+        size = self.config.image.size
+        for instance in {id(i): i for i in self._instances}.values():  # shared ones once
+            for rows in self.buckets:
+                images = np.zeros((rows, 3, size, size), self.float_dtype)
+                instance.run(CLASSIFIER, {IMAGE_INPUT: images})
 
     async def stop(self, grace: float = 10.0) -> None:
         await self.batcher.stop(drain=True)
@@ -118,9 +154,15 @@ class ServedClassifier(ServedEntry):
         ]
 
     def _classify_batch(self, items: list[np.ndarray]) -> list[np.ndarray]:
+        images = np.stack(items)
+        if self.buckets:  # zero images up to the bucket's size; their rows are dropped below
+            rows = next(b for b in self.buckets if b >= len(items))
+            images = np.concatenate(
+                [images, np.zeros((rows - len(items), *images.shape[1:]), images.dtype)]
+            )
         backend = self._free.get()  # the batcher runs at most one batch per instance
         try:
-            logits = backend.run(CLASSIFIER, {IMAGE_INPUT: np.stack(items)})[LOGITS]
+            logits = backend.run(CLASSIFIER, {IMAGE_INPUT: images})[LOGITS][: len(items)]
         finally:
             self._free.put(backend)
         logits = logits.astype(np.float64)
