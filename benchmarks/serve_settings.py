@@ -38,8 +38,9 @@ WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8}
 # CUDA only (refused on the CPU; among the defaults on CUDA): the batching configuration with the
 # translator's decode steps replayed as CUDA graphs (the default since 2026-11-26; explicit here,
 # whatever an entry's config.yaml says) and without them, and the ViT with cuDNN's heuristic
-# convolution search instead of the exhaustive one (the ViT's slow 32-client points on an H200).
-CUDA_SETUPS = ("cuda_graphs", "no_cuda_graphs", "conv_heuristic")
+# convolution search instead of the exhaustive one (the ViT's slow 32-client points on an H200),
+# and the ViT's batches unpadded (``batch_buckets: off``; on CUDA they are padded by default).
+CUDA_SETUPS = ("cuda_graphs", "no_cuda_graphs", "conv_heuristic", "no_batch_buckets")
 SETUPS = (
     "batching",
     "no_inflight",

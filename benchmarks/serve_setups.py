@@ -50,10 +50,12 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
-    # with cuDNN's heuristic convolution search
+    # with cuDNN's heuristic convolution search; and the ViT's batches as they come (on CUDA
+    # batching.batch_buckets pads them to powers of two by default)
     "cuda_graphs": {"translator": {}},
     "no_cuda_graphs": {"translator": {}},
     "conv_heuristic": {"vit": {}},
+    "no_batch_buckets": {"vit": {"batch_buckets": "off"}},
 }
 # On CUDA, under every setup's own edits: a GPU deployment's batching, sized for the largest load
 # (256 clients): as many cache rows as streams (the shipped config's 64 would cap 128 streams at

@@ -369,8 +369,8 @@ def test_on_cuda_the_setups_size_batching_for_the_largest_load(
 
 def test_the_cuda_only_setups_run_on_cuda_alone(tiny_repository: Path, tmp_path: Path) -> None:
     """cuda_graphs / no_cuda_graphs serve the translator with / without CUDA graphs,
-    conv_heuristic the ViT with cuDNN's
-    heuristic search, each with that model alone; both are CUDA defaults and refused on the CPU."""
+    conv_heuristic the ViT with cuDNN's heuristic search, no_batch_buckets the ViT's batches
+    unpadded, each with that model alone; all are CUDA defaults and refused on the CPU."""
     from benchmarks.serve_settings import CUDA_SETUPS, ServeSettings
     from benchmarks.serve_setups import setup_repository
     from benchmarks.serve_workloads import closed_plan
@@ -387,6 +387,10 @@ def test_the_cuda_only_setups_run_on_cuda_alone(tiny_repository: Path, tmp_path:
     assert read_model_config(conv / "vit").onnxruntime.cudnn_conv_algo_search == "heuristic"
     assert not (conv / "translator").exists()
     assert closed_plan("conv_heuristic", models) == [("vit", "classify")]
+    unpadded, _ = setup_repository(tiny_repository, "no_batch_buckets", models, 2, "cuda", tmp_path)
+    assert read_model_config(unpadded / "vit").batching.batch_buckets == "off"
+    assert read_model_config(conv / "vit").batching.batch_buckets == "auto"  # padded on CUDA
+    assert not (unpadded / "translator").exists()
     assert closed_plan("cuda_graphs", models) == [("translator", "translate_stream")]
     assert not set(CUDA_SETUPS) & set(ServeSettings().setups)
     assert set(CUDA_SETUPS) <= set(ServeSettings(device="cuda").setups)
