@@ -95,9 +95,21 @@ class InFlightBatching:
     # travel in one message (SGLang's stream_interval, in time). 0 = a message per decode step.
     # The first token and the last message are never held.
     stream_interval_ms: int = 0
+    # Waiting requests join a running batch at most every join_interval_steps decode steps, so
+    # that their encoder passes and cache writes run as one batch (TGI's max_waiting_tokens):
+    # fewer, fuller runs for up to that many steps of waiting. They join an idle batch at once,
+    # and at once when max_batch_size of them wait. 1 = at every step.
+    join_interval_steps: int = 1
 
     def __post_init__(self) -> None:
-        _at_least_one(self, "max_batch_size", "max_active_sequences", "token_budget", "instances")
+        _at_least_one(
+            self,
+            "max_batch_size",
+            "max_active_sequences",
+            "token_budget",
+            "instances",
+            "join_interval_steps",
+        )
         _not_negative(self, "max_queue_size", "timeout_ms", "stream_interval_ms")
 
     @property

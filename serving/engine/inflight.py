@@ -161,6 +161,7 @@ class InFlightEngine:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (tests and benchmarks read it)
+        self._joined_at = 0  # self.steps when requests last joined (join_interval_steps)
         self.instance = instance
         self.gauge_board = gauge_board
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
@@ -282,17 +283,25 @@ class InFlightEngine:
     def _iterate(self) -> None:
         self._drop_dead()
         # Without in-flight batching a batch runs to its end before the next one is admitted.
-        joiners = (
-            self.queue.admit(self.cache.rows)
-            if self.batching.in_flight or not self.sequences
-            else []
-        )
+        joining = not self.sequences or (self.batching.in_flight and self._joining_due())
+        joiners = self.queue.admit(self.cache.rows) if joining else []
         self._gauge_queue()
         if joiners:
+            self._joined_at = self.steps
             self._admit(joiners)
         if self.sequences:
             self._step()
         self._gauges()
+
+    def _joining_due(self) -> bool:
+        """Waiting requests may join the running batch at this step: ``join_interval_steps``
+        have passed since the last join, or a full encoder batch waits."""
+        interval = self.batching.join_interval_steps
+        return (
+            interval <= 1
+            or self.steps - self._joined_at >= interval
+            or len(self.queue) >= self.batching.max_batch_size
+        )
 
     def _drop_dead(self) -> None:
         expired, cancelled = self.queue.drop_dead()
