@@ -154,15 +154,15 @@ class ServedClassifier(ServedEntry):
         ]
 
     def _classify_batch(self, items: list[np.ndarray]) -> list[np.ndarray]:
-        images = np.stack(items)
-        if self.buckets:  # zero images up to the bucket's size; their rows are dropped below
-            rows = next(b for b in self.buckets if b >= len(items))
-            images = np.concatenate(
-                [images, np.zeros((rows - len(items), *images.shape[1:]), images.dtype)]
-            )
+        count = len(items)
+        # with buckets, zero images up to the bucket's size (their rows are dropped below)
+        rows = next(b for b in self.buckets if b >= count) if self.buckets else count
+        images = np.empty((rows, *items[0].shape), items[0].dtype)
+        np.stack(items, out=images[:count])  # the one copy of the batch
+        images[count:] = 0
         backend = self._free.get()  # the batcher runs at most one batch per instance
         try:
-            logits = backend.run(CLASSIFIER, {IMAGE_INPUT: images})[LOGITS][: len(items)]
+            logits = backend.run(CLASSIFIER, {IMAGE_INPUT: images})[LOGITS][:count]
         finally:
             self._free.put(backend)
         logits = logits.astype(np.float64)
