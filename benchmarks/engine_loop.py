@@ -74,11 +74,18 @@ class _Timed:
             self.seconds += time.perf_counter() - started
 
 
-def instant_engine(entry: Path, rows: int, instant_encoder: bool = False) -> tuple[Any, _Timed]:
+def instant_engine(
+    entry: Path, rows: int, instant_encoder: bool = False, device: _Device | None = None
+) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
     logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
     encoder's output for ``SOURCE``, computed once, repeated for every joiner: the cache
-    admission still writes it into the joiners' rows)."""
+    admission still writes it into the joiners' rows).
+
+    With ``device``, an emulated device: each decoder step answers after ``device.step_s``
+    seconds in which the engine thread does not hold the GIL (a GPU step's wait), and the cache's
+    re-layouts only change its widths (on a device they are device work, and nothing reads this
+    cache)."""
     from contract.repository import resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend
@@ -94,18 +101,74 @@ def instant_engine(entry: Path, rows: int, instant_encoder: bool = False) -> tup
     tokens, best = logits.argmax(-1), logits.max(-1)  # what the greedy_pick graph gives
 
     def step(input_ids: np.ndarray, *_: Any) -> np.ndarray:
+        if device is not None:
+            device.wait()
         return logits[: len(input_ids), 0]
 
     def step_greedy(input_ids: np.ndarray, *_: Any, **__: Any) -> tuple[np.ndarray, np.ndarray]:
+        if device is not None:
+            device.wait()
         return tokens[: len(input_ids), 0], best[: len(input_ids), 0]
 
     decoder = engine.cache.decoder
     decoder.step, decoder.step_greedy = step, step_greedy
+    if device is not None:
+        decoder.resize = device.resize_of(decoder)
     decoder.last_logits = lambda: logits[:, 0]
     decoder.greedy = True  # as on a GPU: large greedy steps take the pick's ids, not the logits
     encode = _Timed(_repeated(engine.runner.encode) if instant_encoder else engine.runner.encode)
     engine.runner.encode = encode
     return engine, encode
+
+
+class _Device:
+    """An emulated device step: ``step_s`` seconds of sleep (the GIL released, as while ONNX
+    Runtime waits for a GPU), the seconds actually slept summed."""
+
+    def __init__(self, step_ms: float) -> None:
+        self.step_s, self.seconds, self.steps = step_ms / 1e3, 0.0, 0
+
+    def wait(self) -> None:
+        started = time.perf_counter()
+        time.sleep(self.step_s)
+        self.seconds += time.perf_counter() - started
+        self.steps += 1
+
+    @staticmethod
+    def resize_of(decoder: Any) -> Any:
+        def resize(which: str, width: int, rows: int) -> None:
+            for buffer in (decoder.past if which == "past" else decoder.cross).values():
+                buffer.width = width
+
+        return resize
+
+
+def device_of(step_ms: float | None) -> _Device | None:
+    return _Device(step_ms) if step_ms else None
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device-step-ms",
+        type=float,
+        help="emulate a device: each decoder step takes this long without holding the GIL "
+        "(e.g. 0.95, the H200's batch-128 step) and cache re-layouts are device work; the "
+        "points then give the device's busy share (served / offline). Default: instant steps",
+    )
+
+
+def device_figures(device: _Device | None, steps: int, seconds: float, wall: float) -> dict:
+    """What the emulated device did over a point: the share of the wall time a device whose
+    step takes ``step_s`` would have been busy (the served rate against the offline one at the
+    same rows per step), and the engine thread's mean wait per step (the sleep, its overshoot,
+    and taking the GIL back after it, as after a GPU step)."""
+    if device is None or not steps:
+        return {}
+    return {
+        "device_step_ms": round(device.step_s * 1e3, 3),
+        "device_busy_share": round(steps * device.step_s / wall, 4),
+        "device_wait_ms": round(seconds / steps * 1e3, 4),
+    }
 
 
 def engine_config(entry: Path, rows: int) -> Any:
@@ -147,19 +210,27 @@ async def _client(engine: Any, until: float, counts: list[int]) -> None:
 
 
 async def _point(
-    engine: Any, encode: _Timed, streams: int, duration: float, warmup: float
+    engine: Any,
+    encode: _Timed,
+    streams: int,
+    duration: float,
+    warmup: float,
+    device: _Device | None = None,
 ) -> dict[str, Any]:
     counts = [0, 0]  # tokens, requests
     until = time.perf_counter() + warmup
     await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
     counts[:], encode.seconds = [0, 0], 0.0
     steps = engine.steps
+    device_seconds, device_steps = (device.seconds, device.steps) if device else (0.0, 0)
     started = time.perf_counter()
     until = started + duration
     with _Collections() as collections:
         await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
     wall = time.perf_counter() - started
     steps = engine.steps - steps
+    if device is not None:
+        device_seconds, device_steps = device.seconds - device_seconds, device.steps - device_steps
     busy = wall - encode.seconds  # the encoder is real (this CPU); a GPU's is far cheaper
     rows = counts[0] / steps if steps else 0.0
     return {
@@ -177,6 +248,7 @@ async def _point(
         "gc_collections": collections.runs,  # both threads
         "gc_seconds": round(collections.seconds, 4),
         "gc_longest_ms": round(collections.longest * 1e3, 2),  # a pause no stream moves in
+        **device_figures(device, device_steps, device_seconds, wall),
     }
 
 
@@ -188,16 +260,18 @@ def measure(
     gc_freeze: bool = True,
     gc_gen0_threshold: int = 0,
     instant_encoder: bool = False,
+    device_step_ms: float | None = None,
 ) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn. The garbage
     collector is set as a serving process sets it (``serving.gc_policy``)."""
     from serving.gc_policy import settle
 
-    engine, encode = instant_engine(entry, max(streams), instant_encoder)
+    device = device_of(device_step_ms)
+    engine, encode = instant_engine(entry, max(streams), instant_encoder, device)
     settle(gc_freeze, gc_gen0_threshold)
     engine.start()
     try:
-        return [asyncio.run(_point(engine, encode, n, duration, warmup)) for n in streams]
+        return [asyncio.run(_point(engine, encode, n, duration, warmup, device)) for n in streams]
     finally:
         engine.stop()
 
@@ -242,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the encoder's output for the source computed once and repeated (as a GPU's is "
         "nearly free); by default every joiner batch runs the real encoder on this CPU",
     )
+    add_device_argument(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     args = parser.parse_args(argv)
@@ -255,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gc_freeze,
         args.gc_gen0_threshold,
         args.instant_encoder,
+        args.device_step_ms,
     )
     write_probe(
         "engine-loop",
@@ -266,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         gc_freeze=args.gc_freeze,
         gc_gen0_threshold=args.gc_gen0_threshold,
         instant_encoder=args.instant_encoder,
+        device_step_ms=args.device_step_ms,
     )
     return 0
 

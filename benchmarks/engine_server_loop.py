@@ -36,8 +36,11 @@ from benchmarks.engine_loop import (
     DEFAULT_OUT,
     NEW_TOKENS,
     SOURCE,
+    add_device_argument,
     add_repository_argument,
     default_repository,
+    device_figures,
+    device_of,
     engine_config,
     instant_engine,
 )
@@ -88,6 +91,7 @@ async def _point(
     frontends: int,
     duration: float,
     warmup: float,
+    device: Any = None,
 ) -> dict[str, Any]:
     start_at = time.time() + CLIENT_START_S + warmup
     end_at = start_at + duration
@@ -106,8 +110,11 @@ async def _point(
     ]
     await asyncio.sleep(start_at - time.time())
     cpu, steps = time.process_time(), engine.steps
+    device_seconds, device_steps = (device.seconds, device.steps) if device else (0.0, 0)
     await asyncio.sleep(end_at - time.time())
     cpu, steps = time.process_time() - cpu, engine.steps - steps
+    if device is not None:
+        device_seconds, device_steps = device.seconds - device_seconds, device.steps - device_steps
     outputs = [await client.communicate() for client in clients]
     if any(client.returncode for client in clients):
         raise RuntimeError("a client process failed")
@@ -128,11 +135,17 @@ async def _point(
         "client_us_per_token": (
             round(sum(c["cpu_us"] for c in counts) / tokens, 2) if tokens else None
         ),
+        **device_figures(device, device_steps, device_seconds, duration),
     }
 
 
 def measure(
-    entry: Path, streams: list[int], frontends: int, duration: float, warmup: float
+    entry: Path,
+    streams: list[int],
+    frontends: int,
+    duration: float,
+    warmup: float,
+    device_step_ms: float | None = None,
 ) -> list[dict[str, Any]]:
     """One engine with rows for the most streams behind one engine server; each stream count
     driven in turn by ``frontends`` client processes. The collector is set as in the server."""
@@ -142,7 +155,8 @@ def measure(
     from serving.repository import ModelRepository
     from serving.served.generator import ServedGenerator
 
-    engine, _ = instant_engine(entry, max(streams), instant_encoder=True)
+    device = device_of(device_step_ms)
+    engine, _ = instant_engine(entry, max(streams), instant_encoder=True, device=device)
     config = engine_config(entry, max(streams))
     model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
     settle(True, 0)
@@ -156,7 +170,9 @@ def measure(
                 server = EngineServer(ModelRepository({MODEL: model}), address)
                 await server.bind()
                 try:
-                    return await _point(server, engine, address, n, frontends, duration, warmup)
+                    return await _point(
+                        server, engine, address, n, frontends, duration, warmup, device
+                    )
                 finally:
                     await server.close()
                     os.unlink(address)
@@ -175,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
     add_repository_argument(parser)
+    add_device_argument(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process's own arguments
@@ -185,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.repository = args.repository or default_repository()
     duration, warmup = (0.5, 0.2) if args.tiny else (args.duration, args.warmup)
-    points = measure(args.repository / MODEL, args.streams, args.frontends, duration, warmup)
+    points = measure(
+        args.repository / MODEL, args.streams, args.frontends, duration, warmup, args.device_step_ms
+    )
     write_probe(
         "engine-server-loop",
         points,
@@ -194,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         duration,
         new_tokens=NEW_TOKENS,
         frontends=args.frontends,
+        device_step_ms=args.device_step_ms,
     )
     return 0
 
