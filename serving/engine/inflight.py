@@ -7,7 +7,9 @@ One worker thread per model runs the decode loop. Every iteration it
 2. admits waiting requests that fit (``AdmissionQueue``; with ``in_flight`` off only into an
    empty batch) and runs their encoder passes as one batch, taking rows of the ``DecodeCache``;
 3. runs ONE decoder step for every active row together, picks each row's next token with the
-   sequence's own sampler or beam search, and streams tokens back to the callers' event loops;
+   sequence's own sampler or beam search, and streams tokens back to the callers' event loops
+   (when every row is greedy, for all rows at once: the rows' state lives in numpy arrays,
+   ``RowState``, and no Python runs per row unless a request takes its tokens as events);
 4. removes finished sequences.
 
 Each sequence owns its sampler (and random generator), so its output does not depend on which
@@ -27,7 +29,7 @@ import numpy as np
 
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
-from serving.engine.decode_cache import DecodeCache, GreedyStep
+from serving.engine.decode_cache import DecodeCache
 from serving.engine.gauges import GaugeBoard
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
@@ -39,7 +41,9 @@ from serving.engine.requests import (
     Listener,
     Outbox,
     TokenEvent,
+    TokenSink,
 )
+from serving.engine.row_state import RowState
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
@@ -59,10 +63,7 @@ class _Sequence:
         self.options = request.options
         self.max_new = max_new
         self.limit = min(max_new, spec.max_positions - 1)  # the position table bounds it too
-        self.tokens: list[int] = []
-        self.generated = 0
         self.admitted = now
-        self.last_token_time: float | None = None
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
         # greedy (temperature 0, not beams): chosen with the step's other greedy rows in one pass
@@ -89,8 +90,10 @@ class _Sequence:
             )
             self.greedy = self.options.temperature == 0
             self.forced_eos_at = last if spec.forced_eos else -1
-        self.next_inputs: list[int] = [spec.decoder_start_id] * request.rows
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
+        # its slots of the engine's RowState (a row each), set on admission; ``slot`` the first
+        self.slots = np.zeros(0, dtype=np.int64)
+        self.slot = 0
         self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
 
 
@@ -101,8 +104,23 @@ class _Layout:
     def __init__(self, sequences: list[_Sequence]) -> None:
         self.counts = [len(seq.rows) for seq in sequences]
         self.rows = np.concatenate([seq.rows for seq in sequences])
+        self.slots = np.concatenate([seq.slots for seq in sequences])  # the rows' state slots
         self.offsets = list(itertools.accumulate(self.counts, initial=0))
         self.single = len(self.rows) == len(sequences)  # a row each: no beams
+        # each sequence's first slot (its generated count, limits, route, tokens)
+        self.first = self.slots if self.single else self.slots[self.offsets[:-1]]
+        self.greedy = all(seq.greedy for seq in sequences)
+        # where the tokens go: per sink, the indices (in ``sequences``) of its requests; the
+        # requests without a route get an event per token
+        groups: dict[TokenSink, list[int]] = {}
+        self.unrouted: list[int] = []
+        for index, seq in enumerate(sequences):
+            route = seq.request.token_route
+            if route is None:
+                self.unrouted.append(index)
+            else:
+                groups.setdefault(route[0], []).append(index)
+        self.sinks = [(sink, np.asarray(indices)) for sink, indices in groups.items()]
 
 
 class InFlightEngine:
@@ -170,6 +188,7 @@ class InFlightEngine:
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
         self._layout: _Layout | None = None  # of ``sequences``; None when they changed
+        self._state = RowState(max_rows, spec.max_positions)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -334,13 +353,25 @@ class InFlightEngine:
         now = self.clock()
         self._observe("compute_time", now - started, stage="encoder")
         self._observe("batch_size", len(joiners), stage="encoder")
+        joined = []
         for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
             seq = _Sequence(request, self.spec, limit, now)
             seq.rows = request_rows
             self._observe("queue_time", now - request.arrival)
-            self.sequences.append(seq)
-            self._layout = None
+            joined.append(seq)
+        slots = self._state.take(
+            [len(seq.rows) for seq in joined],
+            self.spec.decoder_start_id,
+            [seq.options.min_new_tokens for seq in joined],
+            [seq.forced_eos_at for seq in joined],
+            [seq.limit for seq in joined],
+            [-1 if r.token_route is None else r.token_route[1] for r in joiners],
+        )
+        for seq, seq_slots in zip(joined, slots, strict=True):
+            seq.slots, seq.slot = seq_slots, int(seq_slots[0])
+        self.sequences.extend(joined)
+        self._layout = None
 
     def _encode_into_cache(self, joiners: list[GenerationRequest]) -> list[np.ndarray] | None:
         """The joiners' cache rows, after their encoder pass; None when that pass failed (then
@@ -371,29 +402,20 @@ class InFlightEngine:
         started = self.clock()
         sequences = self.sequences
         layout = self._layout = self._layout or _Layout(sequences)
+        state = self._state
         rows, counts, offsets = layout.rows, layout.counts, layout.offsets
-        done = np.fromiter((seq.generated for seq in sequences), np.int64, len(sequences))
-        input_ids = np.fromiter(
-            itertools.chain.from_iterable(seq.next_inputs for seq in sequences), np.int64, len(rows)
-        )
-        positions = done if layout.single else np.repeat(done, counts)
-        outputs: GreedyStep | None = None
-        greedy_pass = len(rows) >= GREEDY_PASS_ROWS and layout.single
-        if greedy_pass and all(seq.greedy for seq in sequences):
-            # every row greedy: the argmax over the allowed tokens, from the device where the
-            # cache can; the logits only if a row's sampler must decide (a NaN)
-            facts = self._greedy_facts(list(range(len(sequences))), done)
-            outputs = self.cache.step_greedy(rows, input_ids, positions, facts[0] < facts[1])
-        else:
-            logits = self.cache.step(rows, input_ids, positions)
+        positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
+        done = positions if layout.single else state.generated[layout.first]
+        input_ids = state.next_id[layout.slots]
+        if len(rows) >= GREEDY_PASS_ROWS and layout.single and layout.greedy:
+            self._step_greedy(layout, input_ids, done, started)
+            return
+        logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(rows), stage="decoder_step")
-        if outputs is not None:
-            greedy = dict(enumerate(greedy_decide(outputs.tokens, outputs.best, *facts).tolist()))
-        else:
-            greedy = self._greedy_tokens(sequences, logits, offsets, done)
+        greedy = self._greedy_tokens(sequences, logits, offsets, done, layout.first)
         finished: list[_Sequence] = []
         for index, seq in enumerate(sequences):
             first = offsets[index]
@@ -406,10 +428,62 @@ class InFlightEngine:
             token = greedy.get(index, -1)
             if token < 0:  # sampling, or a greedy row its sampler must decide
                 assert seq.sampler is not None
-                row = outputs.logits()[first] if outputs is not None else logits[first]
-                token = seq.sampler.choose(row, seq.generated)
+                token = seq.sampler.choose(logits[first], int(done[index]))
             if self._advance(seq, token, now):
                 finished.append(seq)
+        self._count_new_tokens(now)
+        if finished:
+            self._remove(finished)
+
+    def _step_greedy(
+        self, layout: _Layout, input_ids: np.ndarray, done: np.ndarray, started: float
+    ) -> None:
+        """A step in which every sequence is greedy with one row: the argmax over the allowed
+        tokens (from the device where the cache can; the logits only if a row's sampler must
+        decide, a NaN), and each row's bookkeeping for all rows at once."""
+        state, slots = self._state, layout.slots
+        min_new, forced_eos_at = state.min_new[slots], state.forced_eos_at[slots]
+        outputs = self.cache.step_greedy(layout.rows, input_ids, done, done < min_new)
+        self.steps += 1
+        now = self.clock()
+        self._observe("compute_time", now - started, stage="decoder_step")
+        self._observe("batch_size", len(slots), stage="decoder_step")
+        eos_id = self.spec.eos_id
+        chosen = greedy_decide(
+            outputs.tokens, outputs.best, done, min_new, eos_id, self._suppress, forced_eos_at
+        )
+        for index in np.flatnonzero(chosen < 0).tolist():  # its sampler decides (a NaN row)
+            sampler = self.sequences[index].sampler
+            assert sampler is not None
+            chosen[index] = sampler.choose(outputs.logits()[index], int(done[index]))
+        generated = done + 1
+        state.generated[slots] = generated
+        self._count_tokens(layout, now)
+        stops = chosen == eos_id
+        going = ~stops
+        every = bool(going.all())
+        kept = slots if every else slots[going]
+        state.tokens[kept, done if every else done[going]] = chosen if every else chosen[going]
+        state.next_id[kept] = chosen if every else chosen[going]
+        for sink, indices in layout.sinks:
+            if not every:
+                indices = indices[going[indices]]
+            if len(indices):
+                keys = state.route[slots[indices]]
+                self._outbox.post_tokens(sink, keys, chosen[indices], done[indices])
+        for index in layout.unrouted:
+            if going[index]:
+                request = self.sequences[index].request
+                self._outbox.post(request, TokenEvent(int(chosen[index]), int(done[index])))
+        ends = np.flatnonzero(stops | (generated >= state.limit[slots]))
+        finished = []
+        for index in ends.tolist():
+            seq = self.sequences[index]
+            if stops[index]:
+                self._finish(seq, "stop", int(done[index]))
+            else:
+                self._finish(seq, "length", int(generated[index]))
+            finished.append(seq)
         self._count_new_tokens(now)
         if finished:
             self._remove(finished)
@@ -420,6 +494,7 @@ class InFlightEngine:
         logits: np.ndarray,
         offsets: list[int],
         done: np.ndarray,
+        first: np.ndarray,
     ) -> dict[int, int]:
         """The greedy sequences' tokens in one pass (``greedy_rows``), by index in ``sequences``;
         -1 where the sequence's sampler must decide. Below ``GREEDY_PASS_ROWS`` greedy rows each
@@ -428,59 +503,73 @@ class InFlightEngine:
         if len(picked) < GREEDY_PASS_ROWS:
             return {}
         every_row = len(picked) == len(logits)  # each sequence greedy, a row each: no gather
+        slots = first[picked]
         chosen = greedy_rows(
             logits if every_row else logits[[offsets[i] for i in picked]],
-            *self._greedy_facts(picked, done),
+            done[picked],
+            self._state.min_new[slots],
+            self.spec.eos_id,
+            self._suppress,
+            self._state.forced_eos_at[slots],
         )
         return dict(zip(picked, chosen.tolist(), strict=True))
 
-    def _greedy_facts(
-        self, picked: list[int], done: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, np.ndarray]:
-        """``greedy_rows``' arguments after the logits for the sequences ``picked``."""
-        sequences = self.sequences
-        return (
-            done[picked],
-            np.array([sequences[i].options.min_new_tokens for i in picked]),
-            self.spec.eos_id,
-            self._suppress,
-            np.array([sequences[i].forced_eos_at for i in picked]),
-        )
-
     def _advance(self, seq: _Sequence, token: int, now: float) -> bool:
         """Record the sequence's next token; True when the sequence is finished."""
-        seq.generated += 1
+        state, slot = self._state, seq.slot
+        done = int(state.generated[slot])
+        state.generated[slot] = done + 1
         self._count_token(seq, now)
         if token == self.spec.eos_id:
-            return self._finish(seq, "stop")
-        tokens = seq.tokens
-        tokens.append(token)
-        seq.next_inputs = [token]
-        self._outbox.post_token(seq.request, token, len(tokens) - 1)
-        if len(tokens) >= seq.max_new or seq.generated >= seq.limit:
-            return self._finish(seq, "length")
+            return self._finish(seq, "stop", done)
+        state.tokens[slot, done] = token
+        state.next_id[slot] = token
+        self._outbox.post_token(seq.request, token, done)
+        if done + 1 >= seq.limit:
+            return self._finish(seq, "length", done + 1)
         return False
 
     def _advance_beam(self, seq: _Sequence, logits: np.ndarray, now: float) -> bool:
         """Advance the sequence's beams; True when the sequence is finished."""
         assert seq.beam is not None
-        seq.generated += 1
+        state = self._state
+        generated = int(state.generated[seq.slot]) + 1
+        state.generated[seq.slots] = generated
         parents, tokens = seq.beam.step(logits)
         seq.parents = np.asarray(parents, dtype=np.int64)
-        seq.next_inputs = [int(token) for token in tokens]
+        state.next_id[seq.slots] = np.asarray(tokens, dtype=np.int64)
         self._count_token(seq, now)
-        if seq.beam.done or seq.generated >= seq.limit:
+        if seq.beam.done or generated >= seq.limit:
             return self._finish_beam(seq)
         return False
 
     def _count_token(self, seq: _Sequence, now: float) -> None:
-        last = seq.last_token_time
-        if last is None:
+        last = float(self._state.last_time[seq.slot])
+        if last != last:  # NaN: its first token
             self._observe("time_to_first_token", now - seq.request.arrival)
         else:  # observed in _count_new_tokens: rows with the same last token time, at once
             self._token_gaps[last] = self._token_gaps.get(last, 0) + 1
-        seq.last_token_time = now
+        self._state.last_time[seq.slot] = now
         self._new_tokens += 1
+
+    def _count_tokens(self, layout: _Layout, now: float) -> None:
+        """``_count_token`` for every sequence of a step of one row each."""
+        times = self._state.last_time
+        self._new_tokens += len(layout.slots)
+        if self.metrics is not None:
+            last = times[layout.slots]
+            first = np.isnan(last)
+            for index in np.flatnonzero(first).tolist():
+                arrival = self.sequences[index].request.arrival
+                self._observe("time_to_first_token", now - arrival)
+            gaps = self._token_gaps
+            if not first.any() and last[0] == last[-1] and (last == last[0]).all():
+                gaps[float(last[0])] = gaps.get(float(last[0]), 0) + len(last)  # the usual step
+            else:
+                before, rows = np.unique(last[~first], return_counts=True)
+                for time_, count in zip(before.tolist(), rows.tolist(), strict=True):
+                    gaps[time_] = gaps.get(time_, 0) + count
+        times[layout.slots] = now
 
     def _count_new_tokens(self, now: float) -> None:
         """The step's token counts: generated tokens, and the time per output token of the rows
@@ -495,12 +584,13 @@ class InFlightEngine:
         self._new_tokens = 0
         self._token_gaps.clear()
 
-    def _finish(self, seq: _Sequence, reason: str) -> bool:
+    def _finish(self, seq: _Sequence, reason: str, count: int) -> bool:
+        """Post the sequence's finish with its first ``count`` tokens."""
         self._outbox.post(
             seq.request,
             FinishEvent(
                 reason=reason,
-                tokens=list(seq.tokens),
+                tokens=self._state.tokens_of(seq.slot, count),
                 input_tokens=seq.request.source_tokens,
                 queue_seconds=seq.admitted - seq.request.arrival,
             ),
@@ -533,6 +623,7 @@ class InFlightEngine:
             return
         self.sequences = [seq for seq in self.sequences if seq not in gone]
         self._layout = None
+        self._state.give_back(np.concatenate([seq.slots for seq in gone]))
         self.cache.release(np.concatenate([seq.rows for seq in gone]))
 
     def _fail_all(self, error: Exception) -> None:

@@ -79,8 +79,11 @@ class InPlaceKVCache:
         in_use = self.cross_lengths[: self.slots.highest_used() + 1]
         self._fit("cross", max(source, int(in_use.max(initial=1))))
         rows = np.asarray(self.slots.take(len(repeat)), dtype=np.int64)
+        one_each = len(repeat) == len(rows_per_request)  # no beams: the rows as encoded
         try:
-            self.decoder.write_cross(rows, [c[repeat] for c in encoded.cross])
+            self.decoder.write_cross(
+                rows, encoded.cross if one_each else [c[repeat] for c in encoded.cross]
+            )
         except BaseException:
             self.slots.give_back(rows)
             raise

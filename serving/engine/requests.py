@@ -130,7 +130,9 @@ class TokenSink(Protocol):
 
     loop: asyncio.AbstractEventLoop
 
-    def tokens(self, routes: list[int], tokens: list[int], indices: list[int]) -> None: ...
+    def tokens(self, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray) -> None:
+        """One flush's tokens for this sink: three int64 arrays of one length."""
+        ...
 
 
 class EventChannel:
@@ -228,6 +230,7 @@ class Outbox:
     def __init__(self) -> None:
         self._items: list[tuple[GenerationRequest, Event]] = []
         self._columns: dict[TokenSink, tuple[list[int], list[int], list[int]]] = {}
+        self._arrays: dict[TokenSink, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
 
     def post(self, request: GenerationRequest, event: Event) -> None:
         self._items.append((request, event))
@@ -246,16 +249,24 @@ class Outbox:
         columns[1].append(token)
         columns[2].append(index)
 
+    def post_tokens(
+        self, sink: TokenSink, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray
+    ) -> None:
+        """Tokens of many routed requests for one sink at once: their routes' keys, the tokens
+        and their output indices (int64 arrays of one length)."""
+        self._arrays.setdefault(sink, []).append((routes, tokens, indices))
+
     def flush(self) -> None:
-        if not self._items and not self._columns:
+        if not self._items and not self._columns and not self._arrays:
             return
         by_loop: dict[asyncio.AbstractEventLoop, Delivery] = {}
-        for sink, columns in self._columns.items():
+        for sink in self._columns.keys() | self._arrays.keys():
+            columns = _joined(self._columns.get(sink), self._arrays.get(sink, []))
             by_loop.setdefault(sink.loop, ([], []))[0].append((sink, columns))
         for request, event in self._items:
             if request._loop is not None and request._channel is not None:
                 by_loop.setdefault(request._loop, ([], []))[1].append((request, event))
-        self._items, self._columns = [], {}
+        self._items, self._columns, self._arrays = [], {}, {}
         for loop, delivery in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, delivery)
@@ -265,10 +276,22 @@ class Outbox:
 
 
 # (token columns per sink, events per request) of one flush, for one loop
-Delivery = tuple[
-    list[tuple[TokenSink, tuple[list[int], list[int], list[int]]]],
-    list[tuple[GenerationRequest, Event]],
-]
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
+Delivery = tuple[list[tuple[TokenSink, Columns]], list[tuple[GenerationRequest, Event]]]
+
+
+def _joined(
+    columns: tuple[list[int], list[int], list[int]] | None,
+    arrays: list[Columns],
+) -> Columns:
+    """A sink's tokens of one flush as three int64 arrays: those posted one at a time, then
+    those posted as arrays."""
+    parts = list(arrays)
+    if columns is not None:
+        parts.insert(0, tuple(np.asarray(column, dtype=np.int64) for column in columns))
+    if len(parts) == 1:
+        return parts[0]  # type: ignore[return-value]
+    return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
 
 
 def _deliver(delivery: Delivery) -> None:

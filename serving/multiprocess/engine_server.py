@@ -204,7 +204,7 @@ class FrontendSink(TokenSink):
         self.loop = loop
         self.connection: MessageConnection | None = connection  # None once the frontend left
 
-    def tokens(self, routes: list[int], tokens: list[int], indices: list[int]) -> None:
+    def tokens(self, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray) -> None:
         if self.connection is not None:
             self.connection.send(tokens_message(routes, tokens, indices))
 

@@ -162,7 +162,7 @@ def tokens_message(
     """The frames of a ``tokens`` message."""
     return encode(
         {"t": "tokens"},
-        [np.array(routes, np.int64), np.array(tokens, np.int64), np.array(indices, np.int64)],
+        [np.asarray(routes, np.int64), np.asarray(tokens, np.int64), np.asarray(indices, np.int64)],
     )
 
 

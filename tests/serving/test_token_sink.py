@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from serving.engine.requests import Event, FinishEvent, GenerationRequest, TokenEvent
 from serving.generation.options import DecodingOptions
 from tests.serving.test_engine import (  # noqa: F401 (fixtures)
@@ -38,10 +40,12 @@ class RecordingSink:
         self.log = log
         self.calls: list[int] = []  # tokens per call
 
-    def tokens(self, routes: list[int], tokens: list[int], indices: list[int]) -> None:
+    def tokens(self, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray) -> None:
         assert asyncio.get_running_loop() is self.loop
+        assert all(np.asarray(c).dtype == np.int64 for c in (routes, tokens, indices))
         self.calls.append(len(routes))
-        for route, token, index in zip(routes, tokens, indices, strict=True):
+        columns = (np.asarray(c).tolist() for c in (routes, tokens, indices))
+        for route, token, index in zip(*columns, strict=True):
             self.log.append((route, TokenEvent(token, index)))
 
 
