@@ -75,7 +75,11 @@ class _Timed:
 
 
 def instant_engine(
-    entry: Path, rows: int, instant_encoder: bool = False, device: _Device | None = None
+    entry: Path,
+    rows: int,
+    instant_encoder: bool = False,
+    device: _Device | None = None,
+    join_interval_steps: int = 1,
 ) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
     logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
@@ -91,7 +95,7 @@ def instant_engine(
     from serving.repository import make_backend
     from serving.served.generator import local_engine
 
-    config = engine_config(entry, rows)
+    config = engine_config(entry, rows, join_interval_steps)
     engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
     spec = config.decoder
     logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
@@ -171,14 +175,18 @@ def device_figures(device: _Device | None, steps: int, seconds: float, wall: flo
     }
 
 
-def engine_config(entry: Path, rows: int) -> Any:
-    """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued) and
-    ``NEW_TOKENS`` as its token limit."""
+def engine_config(entry: Path, rows: int, join_interval_steps: int = 1) -> Any:
+    """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued),
+    ``join_interval_steps``, and ``NEW_TOKENS`` as its token limit."""
     from contract.repository import read_model_config
 
     config = read_model_config(entry)
     batching = replace(
-        config.batching, max_active_sequences=rows, max_batch_size=rows, max_queue_size=4 * rows
+        config.batching,
+        max_active_sequences=rows,
+        max_batch_size=rows,
+        max_queue_size=4 * rows,
+        join_interval_steps=join_interval_steps,
     )
     return replace(
         config, batching=batching, limits=replace(config.limits, max_new_tokens=NEW_TOKENS)

@@ -146,6 +146,7 @@ def measure(
     duration: float,
     warmup: float,
     device_step_ms: float | None = None,
+    join_interval_steps: int = 1,
 ) -> list[dict[str, Any]]:
     """One engine with rows for the most streams behind one engine server; each stream count
     driven in turn by ``frontends`` client processes. The collector is set as in the server."""
@@ -156,8 +157,14 @@ def measure(
     from serving.served.generator import ServedGenerator
 
     device = device_of(device_step_ms)
-    engine, _ = instant_engine(entry, max(streams), instant_encoder=True, device=device)
-    config = engine_config(entry, max(streams))
+    engine, _ = instant_engine(
+        entry,
+        max(streams),
+        instant_encoder=True,
+        device=device,
+        join_interval_steps=join_interval_steps,
+    )
+    config = engine_config(entry, max(streams), join_interval_steps)
     model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
     settle(True, 0)
     engine.start()
@@ -192,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before each point")
     add_repository_argument(parser)
     add_device_argument(parser)
+    parser.add_argument(
+        "--join-interval-steps",
+        type=int,
+        default=1,
+        help="the model's batching.join_interval_steps (default 1: join at every step)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process's own arguments
@@ -203,7 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     args.repository = args.repository or default_repository()
     duration, warmup = (0.5, 0.2) if args.tiny else (args.duration, args.warmup)
     points = measure(
-        args.repository / MODEL, args.streams, args.frontends, duration, warmup, args.device_step_ms
+        args.repository / MODEL,
+        args.streams,
+        args.frontends,
+        duration,
+        warmup,
+        args.device_step_ms,
+        args.join_interval_steps,
     )
     write_probe(
         "engine-server-loop",
@@ -214,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         new_tokens=NEW_TOKENS,
         frontends=args.frontends,
         device_step_ms=args.device_step_ms,
+        join_interval_steps=args.join_interval_steps,
     )
     return 0
 
