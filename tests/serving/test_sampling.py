@@ -451,3 +451,15 @@ def test_greedy_rows_choose_what_each_row_s_sampler_chooses(case: GreedyBatch) -
                 or winner in suppress
                 or (winner == eos_id and done < sampler.options.min_new_tokens)
             )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hnp.arrays(np.int64, st.integers(0, 40), elements=st.integers(-3, 60)),
+    hnp.arrays(np.int64, st.integers(0, 40), elements=st.integers(-3, 60)),
+)
+def test_is_in_is_numpy_isin(values: np.ndarray, ids: np.ndarray) -> None:
+    """The step's membership test (by comparison up to 16 ids, ``np.isin`` beyond)."""
+    from serving.generation.sampling import is_in
+
+    assert is_in(values, ids).tolist() == np.isin(values, ids).tolist()
