@@ -19,7 +19,7 @@ from tests.serving.test_engine import (  # noqa: F401 (fixtures)
     source,
     translator_backend,
 )
-from tests.serving.test_token_sink import RecordingSink
+from tests.serving.test_token_sink import RecordingSink, submit_logged
 
 
 def test_slots_are_set_for_a_first_step_and_reused() -> None:
@@ -72,15 +72,7 @@ async def _generate(engine: Any, keys: list[int], stagger: float) -> list[tuple[
         request = GenerationRequest(options=options, source_ids=source(key))
         if key % 2 == 0:
             request.token_route = (sinks[key % 4 // 2], key)
-        done = loop.create_future()
-        ended.append(done)
-
-        def listen(events: list[Event], key: int = key, done: asyncio.Future = done) -> None:
-            log.extend((key, event) for event in events)
-            if isinstance(events[-1], FinishEvent) and not done.done():
-                done.set_result(None)
-
-        engine.submit(request, listen)
+        ended.append(submit_logged(engine, request, key, log))
         await asyncio.sleep(stagger)
     await asyncio.wait_for(asyncio.gather(*ended), 60)
     return log

@@ -59,17 +59,24 @@ async def generate_routed(engine: Any, options: list[DecodingOptions], routed: i
         request = GenerationRequest(options=opts, source_ids=source(key))
         if key < routed:
             request.token_route = (sink, key)
-        done = loop.create_future()
-        ended.append(done)
-
-        def listen(events: list[Event], key: int = key, done: asyncio.Future = done) -> None:
-            log.extend((key, event) for event in events)
-            if isinstance(events[-1], FinishEvent) and not done.done():
-                done.set_result(None)
-
-        engine.submit(request, listen)
+        ended.append(submit_logged(engine, request, key, log))
     await asyncio.wait_for(asyncio.gather(*ended), 60)
     return log, sink.calls
+
+
+def submit_logged(
+    engine: Any, request: GenerationRequest, key: int, log: list[tuple[int, Event]]
+) -> asyncio.Future[None]:
+    """Submit ``request``, its events logged under ``key``; done once it finishes."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def listen(events: list[Event]) -> None:
+        log.extend((key, event) for event in events)
+        if isinstance(events[-1], FinishEvent) and not done.done():
+            done.set_result(None)
+
+    engine.submit(request, listen)
+    return done
 
 
 def by_request(log: list[tuple[int, Event]], key: int) -> list[Event]:
