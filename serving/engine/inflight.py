@@ -461,13 +461,11 @@ class InFlightEngine:
         self._count_tokens(layout, now)
         stops = chosen == eos_id
         going = ~stops
-        every = bool(going.all())
-        kept = slots if every else slots[going]
-        state.tokens[kept, done if every else done[going]] = chosen if every else chosen[going]
-        state.next_id[kept] = chosen if every else chosen[going]
+        kept, tokens = slots[going], chosen[going]
+        state.tokens[kept, done[going]] = tokens
+        state.next_id[kept] = tokens
         for sink, indices in layout.sinks:
-            if not every:
-                indices = indices[going[indices]]
+            indices = indices[going[indices]]
             if len(indices):
                 keys = state.route[slots[indices]]
                 self._outbox.post_tokens(sink, keys, chosen[indices], done[indices])
