@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -53,6 +54,10 @@ from serving.seq2seq import Encoded, Seq2SeqRunner
 
 # greedy rows from which the step chooses their tokens in one numpy pass (``greedy_rows``)
 GREEDY_PASS_ROWS = 4
+# Between joins and leaves the gauges (queue depth, cached tokens) are set at most this often: a
+# scrape reads them seconds apart, and setting them every step costs as much as a step's token
+# counting. A join or leave sets them at once.
+GAUGE_INTERVAL_S = 0.05
 
 
 class _Sequence:
@@ -98,10 +103,10 @@ class _Sequence:
 
 
 class _Layout:
-    """Where the running sequences' rows lie in a step's batch; the same until a sequence joins
-    or leaves (then rebuilt)."""
+    """Where the running sequences' rows lie in a step's batch, and what of their state a step
+    reads but never changes; the same until a sequence joins or leaves (then rebuilt)."""
 
-    def __init__(self, sequences: list[_Sequence]) -> None:
+    def __init__(self, sequences: list[_Sequence], state: RowState) -> None:
         self.counts = [len(seq.rows) for seq in sequences]
         self.rows = np.concatenate([seq.rows for seq in sequences])
         self.slots = np.concatenate([seq.slots for seq in sequences])  # the rows' state slots
@@ -110,8 +115,14 @@ class _Layout:
         # each sequence's first slot (its generated count, limits, route, tokens)
         self.first = self.slots if self.single else self.slots[self.offsets[:-1]]
         self.greedy = all(seq.greedy for seq in sequences)
-        # where the tokens go: per sink, the indices (in ``sequences``) of its requests; the
-        # requests without a route get an event per token
+        # each sequence's token limits, fixed from its admission
+        self.min_new = state.min_new[self.first]
+        self.any_min_new = bool(self.min_new.any())
+        self.forced_eos_at = state.forced_eos_at[self.first]
+        self.limit = state.limit[self.first]
+        # where the tokens go: per sink, the indices (in ``sequences``) of its requests (None:
+        # all, in order) and their routes' keys; the requests without a route get an event per
+        # token
         groups: dict[TokenSink, list[int]] = {}
         self.unrouted: list[int] = []
         for index, seq in enumerate(sequences):
@@ -120,7 +131,13 @@ class _Layout:
                 self.unrouted.append(index)
             else:
                 groups.setdefault(route[0], []).append(index)
-        self.sinks = [(sink, np.asarray(indices)) for sink, indices in groups.items()]
+        self.sinks: list[tuple[TokenSink, np.ndarray | None, np.ndarray]] = []
+        for sink, indices in groups.items():
+            picked = np.asarray(indices, dtype=np.int64)
+            keys = state.route[self.first[picked]]
+            self.sinks.append((sink, None if len(picked) == len(sequences) else picked, keys))
+        # the clock time of the last step run with this layout: every sequence took a token then
+        self.stepped_at: float | None = None
 
 
 class InFlightEngine:
@@ -189,6 +206,11 @@ class InFlightEngine:
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
         self._layout: _Layout | None = None  # of ``sequences``; None when they changed
         self._state = RowState(max_rows, spec.max_positions)
+        # set when a request of this engine is cancelled: the next iteration looks for its rows
+        self._cancels = threading.Event()
+        self._earliest_deadline = math.inf  # at most the running sequences' earliest deadline
+        self._gauged_at = -math.inf  # the clock when the gauges were last set
+        self._gauges_due = False  # a sequence joined or left since then
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -272,6 +294,7 @@ class InFlightEngine:
         events = request.attach(asyncio.get_running_loop(), interval, listener)
         if interval:  # tokens are held for the interval in the channel: none bypass it
             request.token_route = None
+        request.watch_cancel(self._cancels.set)
         if not self.queue.offer(request):
             raise ResourceExhausted(
                 f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
@@ -304,13 +327,14 @@ class InFlightEngine:
         # Without in-flight batching a batch runs to its end before the next one is admitted.
         joining = not self.sequences or (self.batching.in_flight and self._joining_due())
         joiners = self.queue.admit(self.cache.rows) if joining else []
-        self._gauge_queue()
         if joiners:
+            self._gauge_queue()  # before their encoder pass: they left the queue
             self._joined_at = self.steps
             self._admit(joiners)
         if self.sequences:
             self._step()
-        self._gauges()
+        if self._gauges_due or self.clock() - self._gauged_at >= GAUGE_INTERVAL_S:
+            self._gauges()
 
     def _joining_due(self) -> bool:
         """Waiting requests may join the running batch at this step: ``join_interval_steps``
@@ -323,13 +347,22 @@ class InFlightEngine:
         )
 
     def _drop_dead(self) -> None:
-        expired, cancelled = self.queue.drop_dead()
-        for request in expired:
-            self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
-        for request in cancelled:
-            self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
+        """Cancelled and expired requests leave, waiting or running. Their requests are looked
+        at only when one was cancelled or a deadline may have passed: a check of every request
+        at every step costs more than the step's own bookkeeping."""
         now = self.clock()
-        gone = []
+        cancels = self._cancels.is_set()
+        if cancels:
+            self._cancels.clear()  # a cancel from now on sets it again: none is missed
+        if cancels or now >= self.queue.earliest_deadline:
+            expired, cancelled = self.queue.drop_dead()
+            for request in expired:
+                self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
+            for request in cancelled:
+                self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
+        if not cancels and now < self._earliest_deadline:
+            return
+        gone, earliest = [], math.inf
         for seq in self.sequences:
             request = seq.request
             if request.is_cancelled():
@@ -338,6 +371,9 @@ class InFlightEngine:
             elif request.deadline is not None and now >= request.deadline:
                 gone.append(seq)
                 self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
+            elif request.deadline is not None:
+                earliest = min(earliest, request.deadline)
+        self._earliest_deadline = earliest
         if gone:
             self._remove(gone)
 
@@ -370,8 +406,11 @@ class InFlightEngine:
         )
         for seq, seq_slots in zip(joined, slots, strict=True):
             seq.slots, seq.slot = seq_slots, int(seq_slots[0])
+            if seq.request.deadline is not None:
+                self._earliest_deadline = min(self._earliest_deadline, seq.request.deadline)
         self.sequences.extend(joined)
         self._layout = None
+        self._gauges_due = True
 
     def _encode_into_cache(self, joiners: list[GenerationRequest]) -> list[np.ndarray] | None:
         """The joiners' cache rows, after their encoder pass; None when that pass failed (then
@@ -401,7 +440,7 @@ class InFlightEngine:
     def _step(self) -> None:
         started = self.clock()
         sequences = self.sequences
-        layout = self._layout = self._layout or _Layout(sequences)
+        layout = self._layout = self._layout or _Layout(sequences, self._state)
         state = self._state
         rows, counts, offsets = layout.rows, layout.counts, layout.offsets
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
@@ -442,15 +481,21 @@ class InFlightEngine:
         tokens (from the device where the cache can; the logits only if a row's sampler must
         decide, a NaN), and each row's bookkeeping for all rows at once."""
         state, slots = self._state, layout.slots
-        min_new, forced_eos_at = state.min_new[slots], state.forced_eos_at[slots]
-        outputs = self.cache.step_greedy(layout.rows, input_ids, done, done < min_new)
+        no_eos = done < layout.min_new if layout.any_min_new else None
+        outputs = self.cache.step_greedy(layout.rows, input_ids, done, no_eos)
         self.steps += 1
         now = self.clock()
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(slots), stage="decoder_step")
         eos_id = self.spec.eos_id
         chosen = greedy_decide(
-            outputs.tokens, outputs.best, done, min_new, eos_id, self._suppress, forced_eos_at
+            outputs.tokens,
+            outputs.best,
+            done,
+            layout.min_new,
+            eos_id,
+            self._suppress,
+            layout.forced_eos_at,
         )
         for index in np.flatnonzero(chosen < 0).tolist():  # its sampler decides (a NaN row)
             sampler = self.sequences[index].sampler
@@ -460,20 +505,30 @@ class InFlightEngine:
         state.generated[slots] = generated
         self._count_tokens(layout, now)
         stops = chosen == eos_id
-        going = ~stops
-        kept, tokens = slots[going], chosen[going]
-        state.tokens[kept, done[going]] = tokens
-        state.next_id[kept] = tokens
-        for sink, indices in layout.sinks:
-            indices = indices[going[indices]]
+        going = ~stops if stops.any() else None  # None: every row goes on (the usual step)
+        if going is None:
+            state.tokens[slots, done] = chosen
+            state.next_id[slots] = chosen
+        else:
+            kept, tokens = slots[going], chosen[going]
+            state.tokens[kept, done[going]] = tokens
+            state.next_id[kept] = tokens
+        for sink, indices, keys in layout.sinks:
+            if indices is None and going is None:  # all rows, in order: the step's own arrays
+                self._outbox.post_tokens(sink, keys, chosen, done)
+                continue
+            if indices is None:
+                indices = np.arange(len(slots))
+            if going is not None:
+                live = going[indices]
+                indices, keys = indices[live], keys[live]
             if len(indices):
-                keys = state.route[slots[indices]]
                 self._outbox.post_tokens(sink, keys, chosen[indices], done[indices])
         for index in layout.unrouted:
-            if going[index]:
+            if going is None or going[index]:
                 request = self.sequences[index].request
                 self._outbox.post(request, TokenEvent(int(chosen[index]), int(done[index])))
-        ends = np.flatnonzero(stops | (generated >= state.limit[slots]))
+        ends = np.flatnonzero(stops | (generated >= layout.limit))
         finished = []
         for index in ends.tolist():
             seq = self.sequences[index]
@@ -554,20 +609,24 @@ class InFlightEngine:
         """``_count_token`` for every sequence of a step of one row each."""
         times = self._state.last_time
         self._new_tokens += len(layout.slots)
-        if self.metrics is not None:
+        gaps = self._token_gaps
+        if self.metrics is not None and layout.stepped_at is not None:
+            # the layout's last step gave every row a token: one gap for all
+            gaps[layout.stepped_at] = gaps.get(layout.stepped_at, 0) + len(layout.slots)
+        elif self.metrics is not None:
             last = times[layout.slots]
             first = np.isnan(last)
             for index in np.flatnonzero(first).tolist():
                 arrival = self.sequences[index].request.arrival
                 self._observe("time_to_first_token", now - arrival)
-            gaps = self._token_gaps
             if not first.any() and last[0] == last[-1] and (last == last[0]).all():
-                gaps[float(last[0])] = gaps.get(float(last[0]), 0) + len(last)  # the usual step
+                gaps[float(last[0])] = gaps.get(float(last[0]), 0) + len(last)
             else:
                 before, rows = np.unique(last[~first], return_counts=True)
                 for time_, count in zip(before.tolist(), rows.tolist(), strict=True):
                     gaps[time_] = gaps.get(time_, 0) + count
         times[layout.slots] = now
+        layout.stepped_at = now
 
     def _count_new_tokens(self, now: float) -> None:
         """The step's token counts: generated tokens, and the time per output token of the rows
@@ -621,6 +680,7 @@ class InFlightEngine:
             return
         self.sequences = [seq for seq in self.sequences if seq not in gone]
         self._layout = None
+        self._gauges_due = True
         self._state.give_back(np.concatenate([seq.slots for seq in gone]))
         self.cache.release(np.concatenate([seq.rows for seq in gone]))
 
@@ -655,6 +715,8 @@ class InFlightEngine:
     def _gauges(self) -> None:
         if self.metrics is None:
             return
+        self._gauged_at, self._gauges_due = self.clock(), False
+        self._gauge_queue()
         tokens = self.cache.tokens
         self._set("active_sequences", len(self.sequences))
         self._set("kv_cache_tokens", tokens)

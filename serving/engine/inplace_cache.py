@@ -52,6 +52,7 @@ class InPlaceKVCache:
         self.relayouts = 0  # cache re-layouts so far (tests and benchmarks read it)
         self.vocab_size = decoder.logits.shape[-1]
         self.pick_min_logits = PICK_MIN_LOGITS
+        self._rows_seen: tuple[np.ndarray | None, bool] = (None, False)  # rows, leading_rows
         self._fit("past", 1)  # start narrow: nothing is cached yet
         self._fit("cross", 1)
         self.relayouts = 0
@@ -94,7 +95,7 @@ class InPlaceKVCache:
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         logits = self.decoder.step(*self._step_inputs(rows, input_ids, positions))
         self.lengths[rows] = positions + 1
-        return _of_rows(logits, rows)
+        return self._of_rows(logits, rows)
 
     def step_greedy(
         self,
@@ -119,9 +120,9 @@ class InPlaceKVCache:
         self.lengths[rows] = positions + 1
 
         def logits() -> np.ndarray:
-            return _of_rows(decoder.last_logits(), rows)
+            return self._of_rows(decoder.last_logits(), rows)
 
-        return GreedyStep(_of_rows(tokens, rows), _of_rows(best, rows), logits)
+        return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), logits)
 
     def _step_inputs(
         self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray
@@ -133,6 +134,8 @@ class InPlaceKVCache:
             raise ValueError(f"position {last} is past the cache's {self.decoder.capacity}")
         self._fit("past", last + 1, grow_only=True)
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
+        if batch == len(rows) and self._leading(rows):  # every row of the step, in order
+            return input_ids, positions, self.cross_lengths[:batch]
         ids = np.full(batch, self.pad_id, dtype=np.int64)
         ids[rows] = input_ids
         lengths = np.zeros(batch, dtype=np.int64)
@@ -155,6 +158,20 @@ class InPlaceKVCache:
         self._fit("past", int(self.lengths[:end].max(initial=0)) + 1)
         self._fit("cross", int(self.cross_lengths[:end].max(initial=1)))
 
+    def _of_rows(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """``values[rows]``; when the rows are 0..n-1 in order, the first n as they are (no
+        copy)."""
+        return values[: len(rows)] if self._leading(rows) else values[rows]
+
+    def _leading(self, rows: np.ndarray) -> bool:
+        """``leading_rows(rows)``, remembered for the last array asked about (the engine passes
+        the same rows array each step until a sequence joins or leaves)."""
+        seen, leading = self._rows_seen
+        if rows is not seen:
+            leading = leading_rows(rows)
+            self._rows_seen = (rows, leading)
+        return leading
+
     def _fit(self, which: str, needed: int, grow_only: bool = False) -> None:
         """Re-lay out the ``past`` or ``cross`` cache at the width ``needed`` positions take."""
         decoder = self.decoder
@@ -165,11 +182,6 @@ class InPlaceKVCache:
             return
         decoder.resize(which, width, self.slots.highest_used() + 1)
         self.relayouts += 1
-
-
-def _of_rows(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``values[rows]``; when the rows are 0..n-1 in order, the first n as they are (no copy)."""
-    return values[: len(rows)] if leading_rows(rows) else values[rows]
 
 
 def leading_rows(rows: np.ndarray) -> bool:

@@ -78,6 +78,7 @@ class GenerationRequest:
         # (sink, route): the decode loop hands this request's tokens to ``sink`` in columns, a
         # step's tokens of every request on that sink at once, instead of as TokenEvents
         self.token_route: tuple[TokenSink, int] | None = None
+        self._on_cancel: Callable[[], None] | None = None
 
     # --- what the admission policy sees -------------------------------------------------------
     @property
@@ -94,6 +95,15 @@ class GenerationRequest:
     def cancel(self) -> None:
         """Stop this request: the engine frees its cache rows before the next step."""
         self._cancelled.set()
+        if (hook := self._on_cancel) is not None:
+            hook()
+
+    def watch_cancel(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` (from the cancelling thread) when this request is cancelled; at once
+        if it already is. The decode loop looks for cancelled rows only after such a call."""
+        self._on_cancel = hook
+        if self.is_cancelled():
+            hook()
 
     # --- event delivery (engine thread -> caller's loop) ----------------------------------------
     def attach(
@@ -115,7 +125,7 @@ class GenerationRequest:
         try:
             self._loop.call_soon_threadsafe(self._channel.put, event)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            self._cancelled.set()
+            self.cancel()
 
 
 Listener = Callable[[list[Event]], None]

@@ -7,6 +7,7 @@ running batch as a row count, so it is unit-tested with plain objects and a fake
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ class AdmissionQueue(Generic[R]):
         self.clock = clock
         self._waiting: collections.deque[R] = collections.deque()
         self._lock = threading.Lock()
+        # at most the earliest deadline of the waiting requests (exact after ``drop_dead``)
+        self.earliest_deadline = math.inf
 
     def __len__(self) -> int:
         return len(self._waiting)
@@ -89,6 +92,8 @@ class AdmissionQueue(Generic[R]):
             if len(self._waiting) >= self.limits.max_queue:
                 return False
             self._waiting.append(request)
+            if request.deadline is not None:
+                self.earliest_deadline = min(self.earliest_deadline, request.deadline)
             return True
 
     def drop_dead(self) -> tuple[list[R], list[R]]:
@@ -97,6 +102,7 @@ class AdmissionQueue(Generic[R]):
         gone_expired, gone_cancelled = [], []
         with self._lock:
             keep: collections.deque[R] = collections.deque()
+            earliest = math.inf
             for request in self._waiting:
                 if request.is_cancelled():
                     gone_cancelled.append(request)
@@ -104,7 +110,10 @@ class AdmissionQueue(Generic[R]):
                     gone_expired.append(request)
                 else:
                     keep.append(request)
+                    if request.deadline is not None:
+                        earliest = min(earliest, request.deadline)
             self._waiting = keep
+            self.earliest_deadline = earliest
         return gone_expired, gone_cancelled
 
     def admit(self, active_rows: int) -> list[R]:

@@ -30,6 +30,7 @@ class RowSlots:
         self.capacity = capacity
         self._free = list(range(capacity))  # a heap: the lowest free row comes out first
         self._used: set[int] = set()
+        self._highest: int | None = -1  # the highest row in use; None: to be found again
 
     @property
     def used(self) -> int:
@@ -49,6 +50,8 @@ class RowSlots:
             raise SlotsExhausted(f"{count} rows asked for, {self.free} free of {self.capacity}")
         rows = [heapq.heappop(self._free) for _ in range(count)]
         self._used.update(rows)
+        if rows and self._highest is not None:
+            self._highest = max(self._highest, max(rows))
         return rows
 
     def give_back(self, rows: Iterable[int]) -> None:
@@ -63,10 +66,14 @@ class RowSlots:
                 raise ValueError(f"row {row} is not in use")
             self._used.remove(row)
             heapq.heappush(self._free, row)
+            if row == self._highest:
+                self._highest = None
 
     def highest_used(self) -> int:
         """The highest row in use, -1 when none."""
-        return max(self._used, default=-1)
+        if self._highest is None:
+            self._highest = max(self._used, default=-1)
+        return self._highest
 
 
 def rows_to_compute(highest_row: int, capacity: int, buckets: tuple[int, ...] = ()) -> int:

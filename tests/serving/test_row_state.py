@@ -60,9 +60,12 @@ GREEDY = [
 REQUESTS = 14  # more than the engine's 6 rows: slots are given back and taken again
 
 
-async def _generate(engine: Any, keys: list[int], stagger: float) -> list[tuple[int, Event]]:
+async def _generate(
+    engine: Any, keys: list[int], stagger: float, one_sink: bool = False
+) -> list[tuple[int, Event]]:
     """Requests ``keys`` (sources and options by key): even keys routed to one of two sinks,
-    odd ones as events; all events and sink tokens, in arrival order."""
+    odd ones as events (``one_sink``: every key routed to one sink); all events and sink
+    tokens, in arrival order."""
     loop = asyncio.get_running_loop()
     log: list[tuple[int, Event]] = []
     sinks = [RecordingSink(loop, log), RecordingSink(loop, log)]
@@ -70,7 +73,9 @@ async def _generate(engine: Any, keys: list[int], stagger: float) -> list[tuple[
     for key in keys:
         options = GREEDY[key % len(GREEDY)]
         request = GenerationRequest(options=options, source_ids=source(key))
-        if key % 2 == 0:
+        if one_sink:
+            request.token_route = (sinks[0], key)
+        elif key % 2 == 0:
             request.token_route = (sinks[key % 4 // 2], key)
         ended.append(submit_logged(engine, request, key, log))
         await asyncio.sleep(stagger)
@@ -140,15 +145,21 @@ def _rig(engine: Any) -> None:
     engine.rigged_batches = []
 
 
-def test_all_greedy_rows_at_once_give_each_row_its_own_token(runner_and_config) -> None:  # noqa: F811
+@pytest.mark.parametrize("one_sink", [False, True], ids=["two_sinks_and_events", "one_sink"])
+def test_all_greedy_rows_at_once_give_each_row_its_own_token(
+    runner_and_config,  # noqa: F811
+    one_sink: bool,
+) -> None:
     if runner_and_config[2] != "inplace":
         pytest.skip("the rig reads the in-place cache's source lengths")
     engine = make_engine(runner_and_config, max_active_sequences=6)
     _rig(engine)
     engine.start()
     try:
-        alone = {k: asyncio.run(_generate(engine, [k], 0))[-1][1] for k in range(REQUESTS)}
-        together = asyncio.run(_generate(engine, list(range(REQUESTS)), 0))
+        alone = {
+            k: asyncio.run(_generate(engine, [k], 0, one_sink))[-1][1] for k in range(REQUESTS)
+        }
+        together = asyncio.run(_generate(engine, list(range(REQUESTS)), 0, one_sink))
     finally:
         engine.stop()
     assert max(engine.rigged_batches) >= 4  # steps took the all-rows path
