@@ -80,6 +80,7 @@ def instant_engine(
     instant_encoder: bool = False,
     device: _Device | None = None,
     join_interval_steps: int = 1,
+    max_new_tokens: int = NEW_TOKENS,
 ) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
     logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
@@ -95,7 +96,7 @@ def instant_engine(
     from serving.repository import make_backend
     from serving.served.generator import local_engine
 
-    config = engine_config(entry, rows, join_interval_steps)
+    config = engine_config(entry, rows, join_interval_steps, max_new_tokens)
     engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
     spec = config.decoder
     logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
@@ -175,9 +176,11 @@ def device_figures(device: _Device | None, steps: int, seconds: float, wall: flo
     }
 
 
-def engine_config(entry: Path, rows: int, join_interval_steps: int = 1) -> Any:
+def engine_config(
+    entry: Path, rows: int, join_interval_steps: int = 1, max_new_tokens: int = NEW_TOKENS
+) -> Any:
     """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued),
-    ``join_interval_steps``, and ``NEW_TOKENS`` as its token limit."""
+    ``join_interval_steps``, and ``max_new_tokens`` as its token limit."""
     from contract.repository import read_model_config
 
     config = read_model_config(entry)
@@ -189,7 +192,7 @@ def engine_config(entry: Path, rows: int, join_interval_steps: int = 1) -> Any:
         join_interval_steps=join_interval_steps,
     )
     return replace(
-        config, batching=batching, limits=replace(config.limits, max_new_tokens=NEW_TOKENS)
+        config, batching=batching, limits=replace(config.limits, max_new_tokens=max_new_tokens)
     )
 
 

@@ -50,9 +50,12 @@ MODEL = "translator"
 CLIENT_START_S = 4.0  # a client process imports numpy and the serving package before it drives
 
 
-async def _drive(address: str, streams: int, start_at: float, end_at: float) -> dict[str, int]:
+async def _drive(
+    address: str, streams: int, start_at: float, end_at: float, spread: bool = False
+) -> dict[str, int]:
     """A client process: ``streams`` closed-loop streams; tokens and requests that arrived
-    between ``start_at`` and ``end_at`` (wall-clock seconds)."""
+    between ``start_at`` and ``end_at`` (wall-clock seconds). With ``spread`` each request asks
+    for between half and one and a half times ``NEW_TOKENS`` (uniform, the same mean)."""
     from serving.engine.requests import GenerationRequest, TokenEvent
     from serving.generation.options import DecodingOptions
     from serving.multiprocess.remote import EngineClient, RemoteEngine
@@ -60,12 +63,18 @@ async def _drive(address: str, streams: int, start_at: float, end_at: float) -> 
     client = EngineClient(address)
     await client.start()
     engine = RemoteEngine(client, MODEL, streams)
-    options = DecodingOptions(max_new_tokens=NEW_TOKENS)
+    lengths = np.random.default_rng(os.getpid())
     counts = {"tokens": 0, "requests": 0, "cpu_us": 0}
+
+    def options() -> DecodingOptions:
+        if not spread:
+            return DecodingOptions(max_new_tokens=NEW_TOKENS)
+        low, high = NEW_TOKENS // 2, NEW_TOKENS * 3 // 2
+        return DecodingOptions(max_new_tokens=int(lengths.integers(low, high + 1)))
 
     async def stream() -> None:
         while time.time() < end_at:
-            request = GenerationRequest(options=options, source_ids=np.array(SOURCE))
+            request = GenerationRequest(options=options(), source_ids=np.array(SOURCE))
             async for chunk in engine.generate_chunks(request):
                 if start_at <= time.time() < end_at:
                     counts["tokens"] += sum(isinstance(event, TokenEvent) for event in chunk)
@@ -92,6 +101,7 @@ async def _point(
     duration: float,
     warmup: float,
     device: Any = None,
+    spread: bool = False,
 ) -> dict[str, Any]:
     start_at = time.time() + CLIENT_START_S + warmup
     end_at = start_at + duration
@@ -102,7 +112,7 @@ async def _point(
             "-m",
             "benchmarks.engine_server_loop",
             "--client",
-            json.dumps([address, share, start_at, end_at]),
+            json.dumps([address, share, start_at, end_at, spread]),
             stdout=asyncio.subprocess.PIPE,
         )
         for share in shares
@@ -147,6 +157,7 @@ def measure(
     warmup: float,
     device_step_ms: float | None = None,
     join_interval_steps: int = 1,
+    spread: bool = False,
 ) -> list[dict[str, Any]]:
     """One engine with rows for the most streams behind one engine server; each stream count
     driven in turn by ``frontends`` client processes. The collector is set as in the server."""
@@ -157,14 +168,16 @@ def measure(
     from serving.served.generator import ServedGenerator
 
     device = device_of(device_step_ms)
+    limit = NEW_TOKENS * 3 // 2 if spread else NEW_TOKENS  # the most a request asks for
     engine, _ = instant_engine(
         entry,
         max(streams),
         instant_encoder=True,
         device=device,
         join_interval_steps=join_interval_steps,
+        max_new_tokens=limit,
     )
-    config = engine_config(entry, max(streams), join_interval_steps)
+    config = engine_config(entry, max(streams), join_interval_steps, limit)
     model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
     settle(True, 0)
     engine.start()
@@ -178,7 +191,7 @@ def measure(
                 await server.bind()
                 try:
                     return await _point(
-                        server, engine, address, n, frontends, duration, warmup, device
+                        server, engine, address, n, frontends, duration, warmup, device, spread
                     )
                 finally:
                     await server.close()
@@ -205,13 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="the model's batching.join_interval_steps (default 1: join at every step)",
     )
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help=f"each request asks for {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (uniform) "
+        f"instead of {NEW_TOKENS}: the streams fall out of step, so requests join and leave at "
+        "nearly every step, as in real traffic",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process's own arguments
     args = parser.parse_args(argv)
     if args.client:
-        address, streams, start_at, end_at = json.loads(args.client)
-        print(json.dumps(asyncio.run(_drive(address, streams, start_at, end_at))))
+        address, streams, start_at, end_at, spread = json.loads(args.client)
+        print(json.dumps(asyncio.run(_drive(address, streams, start_at, end_at, spread))))
         return 0
     args.repository = args.repository or default_repository()
     duration, warmup = (1.0, 0.2) if args.tiny else (args.duration, args.warmup)
@@ -223,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup,
         args.device_step_ms,
         args.join_interval_steps,
+        args.spread,
     )
     write_probe(
         "engine-server-loop",
@@ -234,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         frontends=args.frontends,
         device_step_ms=args.device_step_ms,
         join_interval_steps=args.join_interval_steps,
+        spread=args.spread,
     )
     return 0
 

@@ -13,11 +13,13 @@ from benchmarks.engine_server_loop import main
 def test_client_processes_decode_every_stream_through_the_engine_socket(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
-    args = ["--tiny", "--streams", "5", "--frontends", "2", "--repository", str(tiny_repository)]
+    args = ["--tiny", "--streams", "5", "--frontends", "2", "--spread"]
+    args += ["--repository", str(tiny_repository)]
     assert main([*args, "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("engine-server-loop-*-tiny.json")
     result = json.loads(path.read_text())
     assert result["kind"] == "engine-server-loop" and result["frontends"] == 2
+    assert result["spread"] is True  # requests of 32-96 tokens: the streams fall out of step
     (point,) = result["points"]
     assert point["streams"] == 5 and point["frontends"] == 2  # 3 + 2 streams
     assert point["tokens"] > 0 and point["requests"] > 0
