@@ -115,6 +115,9 @@ class InPlaceDecoder:
         self.past = cache_buffers(past, layout, types, spec, rows, capacity, device)
         self.cross = cache_buffers(cross, layout, types, spec, rows, source_capacity, device)
         self.updates = [update_name(n) for n in kv_names("cross", layers)]  # cache_write's inputs
+        # CPU float buffers take a joiner's cross keys / values by numpy assignment into their
+        # host memory: what ``cache_write`` does, without a graph run per admission
+        self.host_writes = device.kind == "cpu" and layout == "float"
         # on CUDA the logits come back into page-locked memory where the runtime allows
         self.host = CudaHost.load() if device.kind == "cuda" else None
         self.logits = pinned_empty((rows, 1, spec.vocab_size), self.host)
@@ -340,7 +343,14 @@ class InPlaceDecoder:
         return logits[:, 0]
 
     def write_cross(self, rows: np.ndarray, cross: list[np.ndarray]) -> None:
-        """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width)."""
+        """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width),
+        zero-padded to the buffers' width."""
+        if self.host_writes:
+            for buffer, values in zip(self.cross.values(), cross, strict=True):
+                host, length = buffer.host(), values.shape[2]
+                host[rows, :, :length] = values
+                host[rows, :, length:] = 0
+            return
         io = self._helper_binding(CACHE_WRITE, self.writer, self.cross)
         io.bind_cpu_input(ROWS, np.ascontiguousarray(rows, dtype=np.int64))
         for name, values in zip(self.updates, cross, strict=True):

@@ -356,6 +356,42 @@ def test_host_relayout_equals_the_cache_resize_graph(
         assert not np.take(mine, range(min(start, end), end), axis=axis).any()  # zero-padded
 
 
+@pytest.mark.parametrize(
+    ("width", "length", "rows"), [(8, 5, [2, 0]), (16, 16, [7]), (8, 1, [1, 3, 4])]
+)
+def test_host_cross_writes_equal_the_cache_write_graph(
+    tiny_repository: Path, width: int, length: int, rows: list[int]
+) -> None:
+    """On the CPU a joiner's cross keys / values are written by numpy assignment; the
+    ``cache_write`` graph (every device, and int8 caches) gives the same buffers: the new values
+    zero-padded to the width, over whatever the rows held, the other rows untouched."""
+    decoder = load(tiny_repository / "translator")[2].decoder
+    assert decoder.host_writes
+    buffers = list(decoder.cross.values())
+    decoder.resize("cross", width, 0)
+    rng = np.random.default_rng(width + length)
+    for buffer in buffers:  # stale values everywhere, as rows that held longer sources leave
+        view = buffer.host()
+        view[...] = rng.standard_normal(view.shape).astype(view.dtype)
+    snapshot = [b._host.copy() for b in buffers]
+    heads, inner = buffers[0].heads, buffers[0].inner
+    cross = [rng.standard_normal((len(rows), heads, length, inner)) for _ in buffers]
+    at = np.asarray(rows, dtype=np.int64)
+    decoder.write_cross(at, cross)
+    ours = [b.host().copy() for b in buffers]
+    for buffer, saved in zip(buffers, snapshot, strict=True):
+        buffer._host[...] = saved
+    decoder.host_writes = False
+    decoder.write_cross(at, cross)
+    others = [r for r in range(decoder.rows) if r not in rows]
+    for buffer, mine, values, saved in zip(buffers, ours, cross, snapshot, strict=True):
+        np.testing.assert_array_equal(buffer.host(), mine)
+        np.testing.assert_array_equal(mine[at, :, :length], values.astype(mine.dtype))
+        assert not mine[at, :, length:].any()  # zero-padded
+        before = saved[: mine.size].reshape(mine.shape)
+        np.testing.assert_array_equal(mine[others], before[others])
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     rows=st.integers(1, 5),
