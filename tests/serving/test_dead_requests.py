@@ -33,7 +33,9 @@ class Clock:
         return self.now
 
 
-async def _drive(engine: Any, steps: int) -> None:
+async def drive(engine: Any, steps: int) -> None:
+    """Run ``steps`` iterations of the engine's decode loop here, each followed by the
+    delivery of its events to their listeners on this loop."""
     for _ in range(steps):
         engine._iterate()
         engine._outbox.flush()
@@ -73,14 +75,14 @@ def test_deadlines_reach_running_and_waiting_requests(runner_and_config) -> None
         names = ["early", "late", "a", "b", "c", "d", "waiting"]
         deadlines = {"early": 5.0, "late": 10.0, "waiting": 3.0}
         engine, clock, _, events = _engine_with(runner_and_config, names, deadlines)
-        await _drive(engine, 2)
+        await drive(engine, 2)
         assert len(engine.sequences) == 6 and len(engine.queue) == 1
         seen: dict[str, Any] = {}
         for now in (2.9, 3.0, 4.9, 5.0, 9.9, 10.0):
             clock.now = now
-            await _drive(engine, 1)
+            await drive(engine, 1)
             seen[f"at {now}"] = [_outcome(events[n]) for n in ("waiting", "early", "late")]
-        await _drive(engine, 30)
+        await drive(engine, 30)
         seen["rest"] = {n: _outcome(events[n]) for n in ("a", "b", "c", "d")}
         seen["tokens"] = {n: len(events[n][-1].tokens) for n in ("a", "b", "c", "d")}
         seen["active_rows"] = engine.active_rows
@@ -105,17 +107,17 @@ def test_cancels_reach_running_and_waiting_requests(runner_and_config) -> None:
     async def go() -> dict[str, Any]:
         names = ["cancelled", "a", "b", "c", "d", "e", "spare", "cancelled_waiting"]
         engine, _, requests, events = _engine_with(runner_and_config, names, {})
-        await _drive(engine, 2)
+        await drive(engine, 2)
         assert len(engine.sequences) == 6 and len(engine.queue) == 2
         requests["cancelled"].cancel()  # as the caller's loop does: no wake-up of the loop
         requests["cancelled_waiting"].cancel()
-        await _drive(engine, 1)
+        await drive(engine, 1)
         seen: dict[str, Any] = {
             "cancelled": [_outcome(events[n]) for n in ("cancelled", "cancelled_waiting")],
             # the cancelled row went at once, and the waiting request took it
             "joined": (engine.active_rows, len(engine.queue), engine.sequences[-1].request),
         }
-        await _drive(engine, 30)
+        await drive(engine, 30)
         seen["rest"] = {n: _outcome(events[n]) for n in ("a", "b", "c", "d", "e", "spare")}
         seen["active_rows"] = engine.active_rows
         assert seen.pop("joined") == (6, 0, requests["spare"])
@@ -135,7 +137,7 @@ def test_a_request_cancelled_before_it_is_submitted_never_runs(runner_and_config
         request.cancel()
         events: list[Event] = []
         engine.submit(request, events.extend)
-        await _drive(engine, 2)
+        await drive(engine, 2)
         assert engine.active_rows == 0 and engine.steps == 0
         return events
 
@@ -155,14 +157,14 @@ def test_a_cancel_between_two_steps_is_never_missed(runner_and_config, cancel_fi
             events.append([])
             engine.submit(request, events[-1].extend)
             requests.append(request)
-        await _drive(engine, 1)
+        await drive(engine, 1)
         requests[0].cancel()
         if cancel_first:
             requests[1].cancel()
-        await _drive(engine, 1)
+        await drive(engine, 1)
         if not cancel_first:
             requests[1].cancel()
-            await _drive(engine, 1)
+            await drive(engine, 1)
         return [_outcome(e) for e in events] + [engine.active_rows]
 
     assert asyncio.run(go()) == [Cancelled, Cancelled, None, None, 2]

@@ -10,7 +10,7 @@ import asyncio
 from serving.engine.inflight import GAUGE_INTERVAL_S
 from serving.engine.requests import GenerationRequest
 from serving.metrics import ServingMetrics
-from tests.serving.test_dead_requests import LONG, Clock, _drive
+from tests.serving.test_dead_requests import LONG, Clock, drive
 from tests.serving.test_engine import (  # noqa: F401 (fixtures)
     make_engine,
     runner_and_config,
@@ -40,19 +40,19 @@ def test_gauges_follow_joins_and_leaves_at_once_and_tokens_within_the_interval(
             requests.append(GenerationRequest(options=LONG, source_ids=source(key)))
             engine.submit(requests[-1], lambda events: None)
         seen = []
-        await _drive(engine, 1)  # they join: set at once
+        await drive(engine, 1)  # they join: set at once
         seen.append(gauges())
-        await _drive(engine, 2)  # tokens grow, nobody joins or leaves, the clock stands still
+        await drive(engine, 2)  # tokens grow, nobody joins or leaves, the clock stands still
         seen.append(gauges())
         clock.now = GAUGE_INTERVAL_S
-        await _drive(engine, 1)
+        await drive(engine, 1)
         seen.append(gauges())
         requests[0].cancel()  # it leaves; the waiting one joins
-        await _drive(engine, 1)
+        await drive(engine, 1)
         seen.append(gauges())
         for request in requests[1:]:
             request.cancel()
-        await _drive(engine, 1)
+        await drive(engine, 1)
         seen.append(gauges())
         return seen
 
