@@ -47,6 +47,8 @@ from benchmarks.engine_loop import (
 from benchmarks.output import write_probe
 
 MODEL = "translator"
+# --spread: the fewest and most new tokens a request asks for (uniform; NEW_TOKENS on average)
+SPREAD = (NEW_TOKENS // 2, NEW_TOKENS * 3 // 2)
 CLIENT_START_S = 4.0  # a client process imports numpy and the serving package before it drives
 
 
@@ -69,8 +71,7 @@ async def _drive(
     def options() -> DecodingOptions:
         if not spread:
             return DecodingOptions(max_new_tokens=NEW_TOKENS)
-        low, high = NEW_TOKENS // 2, NEW_TOKENS * 3 // 2
-        return DecodingOptions(max_new_tokens=int(lengths.integers(low, high + 1)))
+        return DecodingOptions(max_new_tokens=int(lengths.integers(SPREAD[0], SPREAD[1] + 1)))
 
     async def stream() -> None:
         while time.time() < end_at:
@@ -168,7 +169,7 @@ def measure(
     from serving.served.generator import ServedGenerator
 
     device = device_of(device_step_ms)
-    limit = NEW_TOKENS * 3 // 2 if spread else NEW_TOKENS  # the most a request asks for
+    limit = SPREAD[1] if spread else NEW_TOKENS  # the most a request asks for
     engine, _ = instant_engine(
         entry,
         max(streams),
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--spread",
         action="store_true",
-        help=f"each request asks for {NEW_TOKENS // 2}-{NEW_TOKENS * 3 // 2} new tokens (uniform) "
+        help=f"each request asks for {SPREAD[0]}-{SPREAD[1]} new tokens (uniform) "
         f"instead of {NEW_TOKENS}: the streams fall out of step, so requests join and leave at "
         "nearly every step, as in real traffic",
     )

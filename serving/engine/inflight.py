@@ -506,13 +506,10 @@ class InFlightEngine:
         self._count_tokens(layout, now)
         stops = chosen == eos_id
         going = ~stops if stops.any() else None  # None: every row goes on (the usual step)
-        if going is None:
-            state.tokens[slots, done] = chosen
-            state.next_id[slots] = chosen
-        else:
-            kept, tokens = slots[going], chosen[going]
-            state.tokens[kept, done[going]] = tokens
-            state.next_id[kept] = tokens
+        live = slice(None) if going is None else going  # a slice: views, no copies
+        kept, tokens = slots[live], chosen[live]
+        state.tokens[kept, done[live]] = tokens
+        state.next_id[kept] = tokens
         for sink, indices, keys in layout.sinks:
             if indices is None and going is None:  # all rows, in order: the step's own arrays
                 self._outbox.post_tokens(sink, keys, chosen, done)
