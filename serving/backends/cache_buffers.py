@@ -8,6 +8,7 @@ int8 cache's scales).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ class CacheBuffer:
         zeros = np.zeros(rows * heads * max_width * inner, dtype=self.dtype)
         if device.kind == "cpu":
             self._host: np.ndarray | None = zeros  # the OrtValue below shares this memory
+            self._view: np.ndarray | None = None  # ``host()``'s view, kept while its shape is
             self.value = ort.OrtValue.ortvalue_from_numpy(zeros)
         else:
             self._host = None
@@ -110,8 +112,10 @@ class CacheBuffer:
         """A numpy view of the current layout (CPU buffers only; tests look inside)."""
         if self._host is None:
             raise RuntimeError("only CPU buffers have a host view")
-        shape = self.shape(self.rows)
-        return self._host[: int(np.prod(shape))].reshape(shape)
+        shape = tuple(self.shape(self.rows))
+        if self._view is None or self._view.shape != shape:
+            self._view = self._host[: math.prod(shape)].reshape(shape)
+        return self._view
 
 
 def cache_buffers(

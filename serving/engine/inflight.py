@@ -104,40 +104,119 @@ class _Sequence:
 
 class _Layout:
     """Where the running sequences' rows lie in a step's batch, and what of their state a step
-    reads but never changes; the same until a sequence joins or leaves (then rebuilt)."""
+    reads but never changes. Kept in step with ``InFlightEngine.sequences`` as they change:
+    joiners are appended (``extend``), leavers cut out (``keep``), in numpy; nothing is rebuilt
+    over every running sequence (with requests joining and leaving at nearly every step, a
+    rebuild cost a quarter of a 128-row step's bookkeeping)."""
 
-    def __init__(self, sequences: list[_Sequence], state: RowState) -> None:
-        self.counts = [len(seq.rows) for seq in sequences]
-        self.rows = np.concatenate([seq.rows for seq in sequences])
-        self.slots = np.concatenate([seq.slots for seq in sequences])  # the rows' state slots
-        self.offsets = list(itertools.accumulate(self.counts, initial=0))
-        self.single = len(self.rows) == len(sequences)  # a row each: no beams
+    def __init__(self, state: RowState) -> None:
+        self._state = state
+        none = np.zeros(0, dtype=np.int64)
+        self.rows = self.slots = none  # the rows in step order, and their state slots
+        # per sequence: its rows, each sequence's token limits (fixed from its admission), its
+        # sink (an index into ``_sinks``; -1: none, an event per token) and route key
+        self._counts = self.min_new = self.forced_eos_at = self.limit = none
+        self._sink_of = self._keys = none
+        self._greedy = np.zeros(0, dtype=bool)
+        self._sinks: list[TokenSink] = []
+        self._sink_index: dict[TokenSink, int] = {}
+        # the clock time of the last step, when the first ``fresh`` sequences took a token then
+        # and the others (joined since) none yet; None: the tokens' times are to be read
+        self.stepped_at: float | None = None
+        self.fresh = 0
+        self._derive()
+
+    def extend(self, joined: list[_Sequence]) -> None:
+        """Append the sequences that joined (at the end of ``sequences``)."""
+        state, count = self._state, len(joined)
+        first = np.fromiter((seq.slot for seq in joined), np.int64, count)
+        sink_of = np.fromiter(
+            (self._sink(seq.request.token_route) for seq in joined), np.int64, count
+        )
+        greedy = np.fromiter((seq.greedy for seq in joined), bool, count)
+        counts = np.fromiter((len(seq.rows) for seq in joined), np.int64, count)
+        rows = np.concatenate([seq.rows for seq in joined])
+        slots = first if len(rows) == count else np.concatenate([seq.slots for seq in joined])
+        join = np.concatenate
+        self.rows, self.slots = join((self.rows, rows)), join((self.slots, slots))
+        self._counts, self._greedy = join((self._counts, counts)), join((self._greedy, greedy))
+        self.min_new = join((self.min_new, state.min_new[first]))
+        self.forced_eos_at = join((self.forced_eos_at, state.forced_eos_at[first]))
+        self.limit = join((self.limit, state.limit[first]))
+        self._sink_of = join((self._sink_of, sink_of))
+        self._keys = join((self._keys, state.route[first]))
+        self._derive()
+
+    def keep(self, kept: np.ndarray) -> None:
+        """Cut out the sequences that left: ``kept`` is a bool per sequence, in order."""
+        rows_kept = kept if self.single else np.repeat(kept, self._counts)
+        self.rows, self.slots = self.rows[rows_kept], self.slots[rows_kept]
+        self._counts, self._greedy = self._counts[kept], self._greedy[kept]
+        self.min_new, self.limit = self.min_new[kept], self.limit[kept]
+        self.forced_eos_at = self.forced_eos_at[kept]
+        self._sink_of, self._keys = self._sink_of[kept], self._keys[kept]
+        self.fresh = int(np.count_nonzero(kept[: self.fresh]))
+        self._derive()
+
+    def _sink(self, route: tuple[TokenSink, int] | None) -> int:
+        if route is None:
+            return -1
+        index = self._sink_index.get(route[0])
+        if index is None:
+            index = self._sink_index[route[0]] = len(self._sinks)
+            self._sinks.append(route[0])
+        return index
+
+    def _derive(self) -> None:
+        """What the step reads, from the per-sequence arrays."""
+        self.single = len(self.rows) == len(self._counts)  # a row each: no beams
+        self._offsets: list[int] | None = None
         # each sequence's first slot (its generated count, limits, route, tokens)
-        self.first = self.slots if self.single else self.slots[self.offsets[:-1]]
-        self.greedy = all(seq.greedy for seq in sequences)
-        # each sequence's token limits, fixed from its admission
-        self.min_new = state.min_new[self.first]
+        self.first = self.slots if self.single else self.slots[self._starts()]
+        self.greedy = bool(self._greedy.all())
         self.any_min_new = bool(self.min_new.any())
-        self.forced_eos_at = state.forced_eos_at[self.first]
-        self.limit = state.limit[self.first]
         # where the tokens go: per sink, the indices (in ``sequences``) of its requests (None:
         # all, in order) and their routes' keys; the requests without a route get an event per
         # token
-        groups: dict[TokenSink, list[int]] = {}
-        self.unrouted: list[int] = []
-        for index, seq in enumerate(sequences):
-            route = seq.request.token_route
-            if route is None:
-                self.unrouted.append(index)
-            else:
-                groups.setdefault(route[0], []).append(index)
+        sink_of = self._sink_of
+        order = np.argsort(sink_of, kind="stable")  # the unrouted (-1) first, then by sink
+        per_sink = np.bincount(sink_of + 1, minlength=len(self._sinks) + 1)
+        unrouted = int(per_sink[0])
+        self.unrouted = order[:unrouted].tolist()
+        if len(self._sinks) > np.count_nonzero(per_sink[1:]) + 8:  # forget the unused sinks
+            used = np.flatnonzero(per_sink[1:])
+            renumber = np.full(len(self._sinks) + 1, -1, dtype=np.int64)
+            renumber[used + 1] = np.arange(len(used))
+            self._sink_of = renumber[sink_of + 1]
+            self._sinks = [self._sinks[index] for index in used.tolist()]
+            self._sink_index = {sink: index for index, sink in enumerate(self._sinks)}
+            per_sink = np.concatenate(([unrouted], per_sink[1:][used]))
         self.sinks: list[tuple[TokenSink, np.ndarray | None, np.ndarray]] = []
-        for sink, indices in groups.items():
-            picked = np.asarray(indices, dtype=np.int64)
-            keys = state.route[self.first[picked]]
-            self.sinks.append((sink, None if len(picked) == len(sequences) else picked, keys))
-        # the clock time of the last step run with this layout: every sequence took a token then
-        self.stepped_at: float | None = None
+        end = unrouted
+        for index, rows in enumerate(per_sink[1:].tolist()):
+            if not rows:
+                continue
+            if rows == len(sink_of):  # every request, in order: the step's own arrays
+                self.sinks.append((self._sinks[index], None, self._keys))
+                break
+            picked = order[end : end + rows]
+            end += rows
+            self.sinks.append((self._sinks[index], picked, self._keys[picked]))
+
+    def _starts(self) -> np.ndarray:
+        return np.cumsum(self._counts) - self._counts
+
+    @property
+    def counts(self) -> list[int]:
+        """Each sequence's rows."""
+        return self._counts.tolist()
+
+    @property
+    def offsets(self) -> list[int]:
+        """Each sequence's first row in the step, then the step's rows."""
+        if self._offsets is None:
+            self._offsets = [*self._starts().tolist(), len(self.rows)]
+        return self._offsets
 
 
 class InFlightEngine:
@@ -204,8 +283,8 @@ class InFlightEngine:
         self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
-        self._layout: _Layout | None = None  # of ``sequences``; None when they changed
         self._state = RowState(max_rows, spec.max_positions)
+        self._layout = _Layout(self._state)  # of ``sequences``, changed with them
         # set when a request of this engine is cancelled: the next iteration looks for its rows
         self._cancels = threading.Event()
         self._earliest_deadline = math.inf  # at most the running sequences' earliest deadline
@@ -409,7 +488,7 @@ class InFlightEngine:
             if seq.request.deadline is not None:
                 self._earliest_deadline = min(self._earliest_deadline, seq.request.deadline)
         self.sequences.extend(joined)
-        self._layout = None
+        self._layout.extend(joined)
         self._gauges_due = True
 
     def _encode_into_cache(self, joiners: list[GenerationRequest]) -> list[np.ndarray] | None:
@@ -440,7 +519,7 @@ class InFlightEngine:
     def _step(self) -> None:
         started = self.clock()
         sequences = self.sequences
-        layout = self._layout = self._layout or _Layout(sequences, self._state)
+        layout = self._layout
         state = self._state
         rows, counts, offsets = layout.rows, layout.counts, layout.offsets
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
@@ -470,6 +549,7 @@ class InFlightEngine:
                 token = seq.sampler.choose(logits[first], int(done[index]))
             if self._advance(seq, token, now):
                 finished.append(seq)
+        layout.stepped_at = None  # tokens counted per sequence: their times to be read
         self._count_new_tokens(now)
         if finished:
             self._remove(finished)
@@ -605,11 +685,16 @@ class InFlightEngine:
     def _count_tokens(self, layout: _Layout, now: float) -> None:
         """``_count_token`` for every sequence of a step of one row each."""
         times = self._state.last_time
-        self._new_tokens += len(layout.slots)
+        count = len(layout.slots)
+        self._new_tokens += count
         gaps = self._token_gaps
         if self.metrics is not None and layout.stepped_at is not None:
-            # the layout's last step gave every row a token: one gap for all
-            gaps[layout.stepped_at] = gaps.get(layout.stepped_at, 0) + len(layout.slots)
+            # the layout's last step gave its first ``fresh`` sequences a token: one gap for
+            # all; those that joined since take their first
+            if layout.fresh:
+                gaps[layout.stepped_at] = gaps.get(layout.stepped_at, 0) + layout.fresh
+            for index in range(layout.fresh, count):
+                self._observe("time_to_first_token", now - self.sequences[index].request.arrival)
         elif self.metrics is not None:
             last = times[layout.slots]
             first = np.isnan(last)
@@ -620,10 +705,10 @@ class InFlightEngine:
                 gaps[float(last[0])] = gaps.get(float(last[0]), 0) + len(last)
             else:
                 before, rows = np.unique(last[~first], return_counts=True)
-                for time_, count in zip(before.tolist(), rows.tolist(), strict=True):
-                    gaps[time_] = gaps.get(time_, 0) + count
+                for time_, count_ in zip(before.tolist(), rows.tolist(), strict=True):
+                    gaps[time_] = gaps.get(time_, 0) + count_
         times[layout.slots] = now
-        layout.stepped_at = now
+        layout.stepped_at, layout.fresh = now, count
 
     def _count_new_tokens(self, now: float) -> None:
         """The step's token counts: generated tokens, and the time per output token of the rows
@@ -675,8 +760,10 @@ class InFlightEngine:
         """Drop sequences and free their cache rows at once."""
         if not gone:
             return
-        self.sequences = [seq for seq in self.sequences if seq not in gone]
-        self._layout = None
+        sequences = self.sequences
+        kept = np.fromiter((seq not in gone for seq in sequences), bool, len(sequences))
+        self.sequences = list(itertools.compress(sequences, kept))
+        self._layout.keep(kept)
         self._gauges_due = True
         self._state.give_back(np.concatenate([seq.slots for seq in gone]))
         self.cache.release(np.concatenate([seq.rows for seq in gone]))
