@@ -109,13 +109,24 @@ class InPlaceKVCache:
         asked for), else the argmax of the logits on the host."""
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
         decoder = self.decoder
-        if not decoder.greedy or batch * self.vocab_size < self.pick_min_logits:
+        host_pick = not decoder.greedy or batch * self.vocab_size < self.pick_min_logits
+        if host_pick and self._leading(rows):  # the first rows' logits as they are: no copy
             logits = self.step(rows, input_ids, positions)
             return GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, no_eos)
         banned_eos = np.zeros(batch, dtype=bool)
         if no_eos is not None:
             banned_eos[rows] = no_eos
         inputs = self._step_inputs(rows, input_ids, positions)
+        if host_pick:  # the argmax over the step's batch, then the rows' picks (gathering the
+            # rows' logits first copied rows x vocab floats at every step)
+            all_logits = decoder.step(*inputs)
+            self.lengths[rows] = positions + 1
+            step = GreedyStep.of_logits(
+                all_logits, decoder.suppressed, decoder.eos_id, banned_eos[: len(all_logits)]
+            )
+            return GreedyStep(
+                step.tokens[rows], step.best[rows], lambda: self._of_rows(all_logits, rows)
+            )
         tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
         self.lengths[rows] = positions + 1
 

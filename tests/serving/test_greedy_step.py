@@ -82,15 +82,17 @@ def admitted(runner, cache, sources: list[list[int]]) -> np.ndarray:
 SOURCES = [[5, 17, 42, 8], [99, 23], [61, 7, 30, 12, 3], [40, 41, 42]]
 
 
+@pytest.mark.parametrize("on_device", [True, False], ids=["graph", "host"])
 @pytest.mark.parametrize("fixed", [False, True], ids=["plain", "fixed"])
 def test_a_greedy_step_is_the_argmax_of_the_same_steps_logits(
-    tiny_repository: Path, fixed: bool
+    tiny_repository: Path, fixed: bool, on_device: bool
 ) -> None:
     """Two caches decode the same rows in a shuffled order, one through ``step``, one through
-    ``step_greedy``; the pick is numpy's argmax and maximum of the same logits."""
-    config, runner, greedy_cache = picking(tiny_repository / "translator", fixed)
+    ``step_greedy`` (the ``greedy_pick`` graph, or the host's argmax over the step's batch as
+    on a CPU); the pick is numpy's argmax and maximum of the same logits."""
+    config, runner, greedy_cache = picking(tiny_repository / "translator", fixed, on_device)
     _, _, logits_cache = picking(tiny_repository / "translator", fixed)
-    assert greedy_cache.decoder.greedy
+    assert greedy_cache.decoder.greedy == on_device
     rows = admitted(runner, greedy_cache, SOURCES)
     assert np.array_equal(rows, admitted(runner, logits_cache, SOURCES))
     order = rows[[2, 0, 3, 1]]  # not the leading rows in order: the outputs are gathered
@@ -109,6 +111,37 @@ def test_a_greedy_step_is_the_argmax_of_the_same_steps_logits(
         assert np.array_equal(step.best, allowed.max(-1))
         tokens = step.tokens.copy()
     assert np.array_equal(greedy_cache.lengths, logits_cache.lengths)
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["plain", "fixed"])
+def test_the_hosts_pick_over_the_batch_keeps_each_rows_eos_ban(
+    tiny_repository: Path, fixed: bool
+) -> None:
+    """On the host the pick runs over the step's whole batch (idle rows too, with buckets) and
+    the rows' picks are gathered after: each row's EOS ban must follow it. EOS is made every
+    row's best token; rows in a shuffled order, half of them banned from it."""
+    config, runner, cache = picking(tiny_repository / "translator", fixed, device_greedy=False)
+    eos = config.decoder.eos_id
+    step = cache.decoder.step
+
+    def eos_wins(*inputs: np.ndarray) -> np.ndarray:
+        logits = step(*inputs)
+        logits[:, eos] = logits.max() + 1.0
+        return logits
+
+    cache.decoder.step = eos_wins
+    rows = admitted(runner, cache, SOURCES)
+    order = rows[[2, 0, 3, 1]]
+    no_eos = np.array([True, False, True, False])
+    tokens = np.full(len(order), config.decoder.decoder_start_id, dtype=np.int64)
+    picked = cache.step_greedy(order, tokens, np.zeros(len(order), dtype=np.int64), no_eos)
+    logits = picked.logits()
+    assert np.array_equal(logits.argmax(-1), [eos] * 4)  # the rows' own logits, gathered
+    allowed = logits.copy()
+    allowed[:, list(config.decoder.suppress_ids)] = -np.inf
+    allowed[no_eos, eos] = -np.inf
+    assert np.array_equal(picked.tokens, allowed.argmax(-1))
+    assert (picked.tokens == eos).tolist() == [False, True, False, True]
 
 
 def test_small_steps_and_models_without_the_graph_take_the_argmax_on_the_host(
