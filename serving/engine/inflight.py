@@ -19,7 +19,6 @@ other requests share the batch.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import threading
 import time
@@ -44,7 +43,7 @@ from serving.engine.requests import (
     TokenEvent,
     TokenSink,
 )
-from serving.engine.row_state import RowState
+from serving.engine.row_state import FIXED, RowState
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.beam import BeamSearch
@@ -111,13 +110,12 @@ class _Layout:
 
     def __init__(self, state: RowState) -> None:
         self._state = state
-        none = np.zeros(0, dtype=np.int64)
-        self.rows = self.slots = none  # the rows in step order, and their state slots
-        # per sequence: its rows, each sequence's token limits (fixed from its admission), its
-        # sink (an index into ``_sinks``; -1: none, an event per token) and route key
-        self._counts = self.min_new = self.forced_eos_at = self.limit = none
-        self._sink_of = self._keys = none
-        self._greedy = np.zeros(0, dtype=bool)
+        # per row, in step order: its cache row and its state slot
+        self._per_row = np.zeros((2, 0), dtype=np.int64)
+        # per sequence: its token limits (``RowState.fixed``: min_new, forced EOS, limit, route
+        # key), then its rows, its sink (an index into ``_sinks``; -1: none, an event per
+        # token) and whether it is greedy (1)
+        self._per_sequence = np.zeros((len(FIXED) + 3, 0), dtype=np.int64)
         self._sinks: list[TokenSink] = []
         self._sink_index: dict[TokenSink, int] = {}
         # the clock time of the last step, when the first ``fresh`` sequences took a token then
@@ -128,33 +126,33 @@ class _Layout:
 
     def extend(self, joined: list[_Sequence]) -> None:
         """Append the sequences that joined (at the end of ``sequences``)."""
-        state, count = self._state, len(joined)
+        count = len(joined)
         first = np.fromiter((seq.slot for seq in joined), np.int64, count)
-        sink_of = np.fromiter(
-            (self._sink(seq.request.token_route) for seq in joined), np.int64, count
-        )
-        greedy = np.fromiter((seq.greedy for seq in joined), bool, count)
-        counts = np.fromiter((len(seq.rows) for seq in joined), np.int64, count)
-        rows = np.concatenate([seq.rows for seq in joined])
-        slots = first if len(rows) == count else np.concatenate([seq.slots for seq in joined])
-        join = np.concatenate
-        self.rows, self.slots = join((self.rows, rows)), join((self.slots, slots))
-        self._counts, self._greedy = join((self._counts, counts)), join((self._greedy, greedy))
-        self.min_new = join((self.min_new, state.min_new[first]))
-        self.forced_eos_at = join((self.forced_eos_at, state.forced_eos_at[first]))
-        self.limit = join((self.limit, state.limit[first]))
-        self._sink_of = join((self._sink_of, sink_of))
-        self._keys = join((self._keys, state.route[first]))
+        new = np.empty((len(FIXED) + 3, count), dtype=np.int64)
+        new[: len(FIXED)] = self._state.fixed[:, first]
+        new[len(FIXED) :] = [
+            [len(seq.rows) for seq in joined],
+            [self._sink(seq.request.token_route) for seq in joined],
+            [seq.greedy for seq in joined],
+        ]
+        if new[len(FIXED)].sum() == count:  # a row each
+            rows = np.array([[seq.rows[0] for seq in joined], first], dtype=np.int64)
+        else:
+            rows = np.array(
+                [
+                    np.concatenate([seq.rows for seq in joined]),
+                    np.concatenate([seq.slots for seq in joined]),
+                ]
+            )
+        self._per_row = np.concatenate((self._per_row, rows), axis=1)
+        self._per_sequence = np.concatenate((self._per_sequence, new), axis=1)
         self._derive()
 
     def keep(self, kept: np.ndarray) -> None:
         """Cut out the sequences that left: ``kept`` is a bool per sequence, in order."""
         rows_kept = kept if self.single else np.repeat(kept, self._counts)
-        self.rows, self.slots = self.rows[rows_kept], self.slots[rows_kept]
-        self._counts, self._greedy = self._counts[kept], self._greedy[kept]
-        self.min_new, self.limit = self.min_new[kept], self.limit[kept]
-        self.forced_eos_at = self.forced_eos_at[kept]
-        self._sink_of, self._keys = self._sink_of[kept], self._keys[kept]
+        self._per_row = self._per_row[:, rows_kept]
+        self._per_sequence = self._per_sequence[:, kept]
         self.fresh = int(np.count_nonzero(kept[: self.fresh]))
         self._derive()
 
@@ -168,12 +166,15 @@ class _Layout:
         return index
 
     def _derive(self) -> None:
-        """What the step reads, from the per-sequence arrays."""
+        """What the step reads, from the per-row and per-sequence arrays (views of them)."""
+        self.rows, self.slots = self._per_row  # the rows in step order, and their state slots
+        self.min_new, self.forced_eos_at, self.limit, self._keys = self._per_sequence[: len(FIXED)]
+        self._counts, self._sink_of, greedy = self._per_sequence[len(FIXED) :]
         self.single = len(self.rows) == len(self._counts)  # a row each: no beams
         self._offsets: list[int] | None = None
         # each sequence's first slot (its generated count, limits, route, tokens)
         self.first = self.slots if self.single else self.slots[self._starts()]
-        self.greedy = bool(self._greedy.all())
+        self.greedy = bool(greedy.all())
         self.any_min_new = bool(self.min_new.any())
         # where the tokens go: per sink, the indices (in ``sequences``) of its requests (None:
         # all, in order) and their routes' keys; the requests without a route get an event per
@@ -187,7 +188,7 @@ class _Layout:
             used = np.flatnonzero(per_sink[1:])
             renumber = np.full(len(self._sinks) + 1, -1, dtype=np.int64)
             renumber[used + 1] = np.arange(len(used))
-            self._sink_of = renumber[sink_of + 1]
+            self._sink_of[:] = renumber[sink_of + 1]  # in the per-sequence table
             self._sinks = [self._sinks[index] for index in used.tolist()]
             self._sink_index = {sink: index for index, sink in enumerate(self._sinks)}
             per_sink = np.concatenate(([unrouted], per_sink[1:][used]))
@@ -442,13 +443,13 @@ class InFlightEngine:
         if not cancels and now < self._earliest_deadline:
             return
         gone, earliest = [], math.inf
-        for seq in self.sequences:
+        for index, seq in enumerate(self.sequences):
             request = seq.request
             if request.is_cancelled():
-                gone.append(seq)
+                gone.append(index)
                 self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
             elif request.deadline is not None and now >= request.deadline:
-                gone.append(seq)
+                gone.append(index)
                 self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
             elif request.deadline is not None:
                 earliest = min(earliest, request.deadline)
@@ -534,12 +535,12 @@ class InFlightEngine:
         self._observe("compute_time", now - started, stage="decoder_step")
         self._observe("batch_size", len(rows), stage="decoder_step")
         greedy = self._greedy_tokens(sequences, logits, offsets, done, layout.first)
-        finished: list[_Sequence] = []
+        finished: list[int] = []
         for index, seq in enumerate(sequences):
             first = offsets[index]
             if seq.beam is not None:
                 if self._advance_beam(seq, logits[first : first + counts[index]], now):
-                    finished.append(seq)
+                    finished.append(index)
                 else:  # new beam i continues old beam parents[i]
                     self.cache.reorder(seq.rows, seq.rows[seq.parents])
                 continue
@@ -548,7 +549,7 @@ class InFlightEngine:
                 assert seq.sampler is not None
                 token = seq.sampler.choose(logits[first], int(done[index]))
             if self._advance(seq, token, now):
-                finished.append(seq)
+                finished.append(index)
         layout.stepped_at = None  # tokens counted per sequence: their times to be read
         self._count_new_tokens(now)
         if finished:
@@ -606,14 +607,13 @@ class InFlightEngine:
                 request = self.sequences[index].request
                 self._outbox.post(request, TokenEvent(int(chosen[index]), int(done[index])))
         ends = np.flatnonzero(stops | (generated >= layout.limit))
-        finished = []
-        for index in ends.tolist():
+        finished = ends.tolist()
+        for index in finished:
             seq = self.sequences[index]
             if stops[index]:
                 self._finish(seq, "stop", int(done[index]))
             else:
                 self._finish(seq, "length", int(generated[index]))
-            finished.append(seq)
         self._count_new_tokens(now)
         if finished:
             self._remove(finished)
@@ -756,24 +756,30 @@ class InFlightEngine:
         )
         return True
 
-    def _remove(self, gone: list[_Sequence]) -> None:
-        """Drop sequences and free their cache rows at once."""
+    def _remove(self, gone: list[int]) -> None:
+        """Drop the sequences at ``gone`` (ascending indices in ``sequences``) and free their
+        cache rows at once."""
         if not gone:
             return
         sequences = self.sequences
-        kept = np.fromiter((seq not in gone for seq in sequences), bool, len(sequences))
-        self.sequences = list(itertools.compress(sequences, kept))
+        leaving = [sequences[index] for index in gone]
+        kept = np.ones(len(sequences), dtype=bool)
+        kept[gone] = False
+        remaining = sequences.copy()
+        for index in reversed(gone):
+            del remaining[index]
+        self.sequences = remaining
         self._layout.keep(kept)
         self._gauges_due = True
-        self._state.give_back(np.concatenate([seq.slots for seq in gone]))
-        self.cache.release(np.concatenate([seq.rows for seq in gone]))
+        self._state.give_back(np.concatenate([seq.slots for seq in leaving]))
+        self.cache.release(np.concatenate([seq.rows for seq in leaving]))
 
     def _fail_all(self, error: Exception) -> None:
         """A backend failure fails the requests of this batch only; later ones run normally."""
         for seq in self.sequences:
             self._outbox.post(seq.request, ErrorEvent(error))
         self._token_gaps.clear()  # a step that failed part-way counted some of its rows
-        self._remove(list(self.sequences))
+        self._remove(list(range(len(self.sequences))))
         self._gauges()
 
     # --- metrics --------------------------------------------------------------------------------

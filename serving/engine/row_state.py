@@ -14,6 +14,10 @@ import numpy as np
 from serving.engine.slots import RowSlots
 
 
+# the columns of ``RowState.fixed``, in order
+FIXED = ("min_new", "forced_eos_at", "limit", "route")
+
+
 class RowState:
     """Per slot: tokens generated (EOS included), the next input id, the limits the token choice
     needs, when the last token came, the token route's key, and the tokens so far.
@@ -27,11 +31,14 @@ class RowState:
         self.slots = RowSlots(slots)
         self.generated = np.zeros(slots, np.int64)
         self.next_id = np.zeros(slots, np.int64)
-        self.min_new = np.zeros(slots, np.int64)  # EOS not chosen before this many tokens
-        self.forced_eos_at = np.full(slots, -1, np.int64)  # ``generated`` forcing EOS; -1: never
-        self.limit = np.zeros(slots, np.int64)  # finished ("length") at this many tokens
+        # what a sequence's admission fixes, one row per column (read together: ``fixed``)
+        self.fixed = np.zeros((len(FIXED), slots), np.int64)
+        self.min_new = self.fixed[0]  # EOS not chosen before this many tokens
+        self.forced_eos_at = self.fixed[1]  # ``generated`` forcing EOS; -1: never
+        self.limit = self.fixed[2]  # finished ("length") at this many tokens
+        self.route = self.fixed[3]  # the request's ``token_route`` key; -1: none
+        self.forced_eos_at[:] = self.route[:] = -1
         self.last_time = np.full(slots, np.nan)  # clock time of the last token; NaN: none yet
-        self.route = np.full(slots, -1, np.int64)  # the request's ``token_route`` key; -1: none
         self.tokens = np.zeros((slots, max(1, max_tokens)), np.int64)
 
     def take(
@@ -45,17 +52,16 @@ class RowState:
     ) -> list[np.ndarray]:
         """Slots for joining sequences (``counts[i]`` rows each, with the ``i``-th value of each
         list), set for their first step; one array of slots per sequence."""
-        slots = np.asarray(self.slots.take(sum(counts)), dtype=np.int64)
+        total = sum(counts)
+        slots = np.asarray(self.slots.take(total), dtype=np.int64)
         self.generated[slots] = 0
         self.next_id[slots] = start_id
         self.last_time[slots] = np.nan
-        for values, column in (
-            (min_new, self.min_new),
-            (forced_eos_at, self.forced_eos_at),
-            (limit, self.limit),
-            (route, self.route),
-        ):
-            column[slots] = np.repeat(np.asarray(values, dtype=np.int64), counts)
+        fixed = np.array([min_new, forced_eos_at, limit, route], dtype=np.int64)
+        if total == len(counts):  # a row each (no beams)
+            self.fixed[:, slots] = fixed
+            return [slots[index : index + 1] for index in range(total)]
+        self.fixed[:, slots] = np.repeat(fixed, counts, axis=1)
         return np.split(slots, np.cumsum(counts)[:-1])
 
     def give_back(self, slots: np.ndarray) -> None:

@@ -357,7 +357,8 @@ def test_host_relayout_equals_the_cache_resize_graph(
 
 
 @pytest.mark.parametrize(
-    ("width", "length", "rows"), [(8, 5, [2, 0]), (16, 16, [7]), (8, 1, [1, 3, 4])]
+    ("width", "length", "rows"),
+    [(8, 5, [2, 0]), (16, 16, [7]), (16, 3, [5]), (8, 1, [1, 3, 4])],
 )
 def test_host_cross_writes_equal_the_cache_write_graph(
     tiny_repository: Path, width: int, length: int, rows: list[int]
