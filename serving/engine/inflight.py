@@ -123,6 +123,7 @@ class _Layout:
         self.stepped_at: float | None = None
         self.fresh = 0
         self._derive()
+        self._stale = False  # sequences joined or left since ``_derive``
 
     def extend(self, joined: list[_Sequence]) -> None:
         """Append the sequences that joined (at the end of ``sequences``)."""
@@ -146,15 +147,25 @@ class _Layout:
             )
         self._per_row = np.concatenate((self._per_row, rows), axis=1)
         self._per_sequence = np.concatenate((self._per_sequence, new), axis=1)
-        self._derive()
+        self._stale = True
 
     def keep(self, kept: np.ndarray) -> None:
         """Cut out the sequences that left: ``kept`` is a bool per sequence, in order."""
-        rows_kept = kept if self.single else np.repeat(kept, self._counts)
+        per_sequence = self._per_sequence
+        single = self._per_row.shape[1] == per_sequence.shape[1]
+        rows_kept = kept if single else np.repeat(kept, per_sequence[len(FIXED)])
         self._per_row = self._per_row[:, rows_kept]
         self._per_sequence = self._per_sequence[:, kept]
         self.fresh = int(np.count_nonzero(kept[: self.fresh]))
-        self._derive()
+        self._stale = True
+
+    def current(self) -> _Layout:
+        """This layout, what the step reads brought up to date with the joins and leaves since
+        it last ran (once per step, however many there were)."""
+        if self._stale:
+            self._derive()
+            self._stale = False
+        return self
 
     def _sink(self, route: tuple[TokenSink, int] | None) -> int:
         if route is None:
@@ -520,7 +531,7 @@ class InFlightEngine:
     def _step(self) -> None:
         started = self.clock()
         sequences = self.sequences
-        layout = self._layout
+        layout = self._layout.current()
         state = self._state
         rows, counts, offsets = layout.rows, layout.counts, layout.offsets
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count

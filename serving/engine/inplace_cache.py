@@ -76,11 +76,13 @@ class InPlaceKVCache:
                 f"an encoder output of {source} positions does not fit the cache's "
                 f"{self.decoder.source_capacity} (limits.max_source_length)"
             )
-        repeat = np.repeat(np.arange(len(rows_per_request)), rows_per_request)
+        total = sum(rows_per_request)
+        one_each = total == len(rows_per_request)  # no beams: the rows as encoded
+        requests = len(rows_per_request)
+        repeat = slice(None) if one_each else np.repeat(np.arange(requests), rows_per_request)
         in_use = self.cross_lengths[: self.slots.highest_used() + 1]
         self._fit("cross", max(source, int(in_use.max(initial=1))))
-        rows = np.asarray(self.slots.take(len(repeat)), dtype=np.int64)
-        one_each = len(repeat) == len(rows_per_request)  # no beams: the rows as encoded
+        rows = np.asarray(self.slots.take(total), dtype=np.int64)
         try:
             self.decoder.write_cross(
                 rows, encoded.cross if one_each else [c[repeat] for c in encoded.cross]
@@ -90,6 +92,8 @@ class InPlaceKVCache:
             raise
         self.lengths[rows] = 0
         self.cross_lengths[rows] = np.maximum(encoded.mask.sum(axis=1)[repeat], 1)
+        if one_each:
+            return [rows[index : index + 1] for index in range(total)]
         return np.split(rows, np.cumsum(rows_per_request)[:-1])
 
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:

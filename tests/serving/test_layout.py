@@ -124,6 +124,7 @@ class _Model:
 
 
 def _actual(layout: _Layout, count: int) -> dict[str, Any]:
+    layout = layout.current()
     return {
         "rows": layout.rows.tolist(),
         "slots": layout.slots.tolist(),
