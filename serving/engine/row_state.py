@@ -13,7 +13,6 @@ import numpy as np
 
 from serving.engine.slots import RowSlots
 
-
 # the columns of ``RowState.fixed``, in order
 FIXED = ("min_new", "forced_eos_at", "limit", "route")
 
