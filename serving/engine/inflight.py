@@ -131,11 +131,14 @@ class _Layout:
         first = np.fromiter((seq.slot for seq in joined), np.int64, count)
         new = np.empty((len(FIXED) + 3, count), dtype=np.int64)
         new[: len(FIXED)] = self._state.fixed[:, first]
-        new[len(FIXED) :] = [
-            [len(seq.rows) for seq in joined],
-            [self._sink(seq.request.token_route) for seq in joined],
-            [seq.greedy for seq in joined],
-        ]
+        new[len(FIXED) :] = np.array(
+            [
+                [len(seq.rows) for seq in joined],
+                [self._sink(seq.request.token_route) for seq in joined],
+                [int(seq.greedy) for seq in joined],
+            ],
+            dtype=np.int64,
+        )
         if new[len(FIXED)].sum() == count:  # a row each
             rows = np.array([[seq.rows[0] for seq in joined], first], dtype=np.int64)
         else:
@@ -532,14 +535,14 @@ class InFlightEngine:
         started = self.clock()
         sequences = self.sequences
         layout = self._layout.current()
-        state = self._state
-        rows, counts, offsets = layout.rows, layout.counts, layout.offsets
+        state, rows = self._state, layout.rows
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
         done = positions if layout.single else state.generated[layout.first]
         input_ids = state.next_id[layout.slots]
         if len(rows) >= GREEDY_PASS_ROWS and layout.single and layout.greedy:
             self._step_greedy(layout, input_ids, done, started)
             return
+        counts, offsets = layout.counts, layout.offsets
         logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()

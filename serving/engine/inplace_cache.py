@@ -110,7 +110,8 @@ class InPlaceKVCache:
     ) -> GreedyStep:
         """Through the decoder's ``greedy_pick`` graph where it picks on the device and the step's
         logits are at least ``pick_min_logits`` values (they then stay on the device unless
-        asked for), else the argmax of the logits on the host."""
+        asked for), else the argmax of the logits on the host (over the step's whole batch
+        unless the rows are the leading ones: the rows' picks are gathered, not their logits)."""
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
         decoder = self.decoder
         host_pick = not decoder.greedy or batch * self.vocab_size < self.pick_min_logits
@@ -134,10 +135,10 @@ class InPlaceKVCache:
         tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
         self.lengths[rows] = positions + 1
 
-        def logits() -> np.ndarray:
+        def fetch() -> np.ndarray:
             return self._of_rows(decoder.last_logits(), rows)
 
-        return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), logits)
+        return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), fetch)
 
     def _step_inputs(
         self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray
