@@ -295,7 +295,7 @@ class InFlightEngine:
         self.gauge_board = gauge_board
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
         self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
-        self._children: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._children: dict[tuple[str, str | None], Any] = {}  # by (metric, stage)
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
         self._state = RowState(max_rows, spec.max_positions)
@@ -797,17 +797,19 @@ class InFlightEngine:
         self._gauges()
 
     # --- metrics --------------------------------------------------------------------------------
-    def _observe(self, metric: str, value: float, **labels: str) -> None:
+    def _observe(self, metric: str, value: float, stage: str | None = None) -> None:
         if self.metrics is not None:
-            self._child(metric, **labels).observe(value)
+            self._child(metric, stage).observe(value)
 
-    def _child(self, metric: str, **labels: str) -> Any:
-        """The metric's child for this model and ``labels``, looked up once (``labels()`` costs
-        more than the observation itself, and the decode loop observes per token)."""
-        key = (metric, tuple(labels.items()))
+    def _child(self, metric: str, stage: str | None = None) -> Any:
+        """The metric's child for this model (and ``stage``), looked up once (``labels()`` costs
+        more than the observation itself, and the decode loop observes per token; a key of
+        keyword labels cost three times the observation)."""
+        key = (metric, stage)
         child = self._children.get(key)
         if child is None:
             assert self.metrics is not None
+            labels = {} if stage is None else {"stage": stage}
             child = getattr(self.metrics, metric).labels(model=self.name, **labels)
             self._children[key] = child
         return child
