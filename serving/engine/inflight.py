@@ -101,6 +101,11 @@ class _Sequence:
         self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
 
 
+# the layout's per-sequence columns: ``RowState.fixed``'s, then its rows, its sink, greedy
+ROWS_COLUMN = len(FIXED)
+COLUMNS = ROWS_COLUMN + 3
+
+
 class _Layout:
     """Where the running sequences' rows lie in a step's batch, and what of their state a step
     reads but never changes. Kept in step with ``InFlightEngine.sequences`` as they change:
@@ -115,7 +120,7 @@ class _Layout:
         # per sequence: its token limits (``RowState.fixed``: min_new, forced EOS, limit, route
         # key), then its rows, its sink (an index into ``_sinks``; -1: none, an event per
         # token) and whether it is greedy (1)
-        self._per_sequence = np.zeros((len(FIXED) + 3, 0), dtype=np.int64)
+        self._per_sequence = np.zeros((COLUMNS, 0), dtype=np.int64)
         self._sinks: list[TokenSink] = []
         self._sink_index: dict[TokenSink, int] = {}
         # the clock time of the last step, when the first ``fresh`` sequences took a token then
@@ -129,9 +134,9 @@ class _Layout:
         """Append the sequences that joined (at the end of ``sequences``)."""
         count = len(joined)
         first = np.fromiter((seq.slot for seq in joined), np.int64, count)
-        new = np.empty((len(FIXED) + 3, count), dtype=np.int64)
+        new = np.empty((COLUMNS, count), dtype=np.int64)
         new[: len(FIXED)] = self._state.fixed[:, first]
-        new[len(FIXED) :] = np.array(
+        new[ROWS_COLUMN:] = np.array(
             [
                 [len(seq.rows) for seq in joined],
                 [self._sink(seq.request.token_route) for seq in joined],
@@ -139,15 +144,12 @@ class _Layout:
             ],
             dtype=np.int64,
         )
-        if new[len(FIXED)].sum() == count:  # a row each
-            rows = np.array([[seq.rows[0] for seq in joined], first], dtype=np.int64)
-        else:
-            rows = np.array(
-                [
-                    np.concatenate([seq.rows for seq in joined]),
-                    np.concatenate([seq.slots for seq in joined]),
-                ]
-            )
+        rows = np.array(
+            [
+                np.concatenate([seq.rows for seq in joined]),
+                np.concatenate([seq.slots for seq in joined]),
+            ]
+        )
         self._per_row = np.concatenate((self._per_row, rows), axis=1)
         self._per_sequence = np.concatenate((self._per_sequence, new), axis=1)
         self._stale = True
@@ -156,7 +158,7 @@ class _Layout:
         """Cut out the sequences that left: ``kept`` is a bool per sequence, in order."""
         per_sequence = self._per_sequence
         single = self._per_row.shape[1] == per_sequence.shape[1]
-        rows_kept = kept if single else np.repeat(kept, per_sequence[len(FIXED)])
+        rows_kept = kept if single else np.repeat(kept, per_sequence[ROWS_COLUMN])
         self._per_row = self._per_row[:, rows_kept]
         self._per_sequence = self._per_sequence[:, kept]
         self.fresh = int(np.count_nonzero(kept[: self.fresh]))
@@ -183,7 +185,7 @@ class _Layout:
         """What the step reads, from the per-row and per-sequence arrays (views of them)."""
         self.rows, self.slots = self._per_row  # the rows in step order, and their state slots
         self.min_new, self.forced_eos_at, self.limit, self._keys = self._per_sequence[: len(FIXED)]
-        self._counts, self._sink_of, greedy = self._per_sequence[len(FIXED) :]
+        self._counts, self._sink_of, greedy = self._per_sequence[ROWS_COLUMN:]
         self.single = len(self.rows) == len(self._counts)  # a row each: no beams
         self._offsets: list[int] | None = None
         # each sequence's first slot (its generated count, limits, route, tokens)

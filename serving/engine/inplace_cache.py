@@ -20,7 +20,7 @@ import numpy as np
 
 from serving.backends.onnxruntime_io import InPlaceDecoder
 from serving.engine.decode_cache import GreedyStep
-from serving.engine.slots import RowSlots, rows_to_compute, width_bucket
+from serving.engine.slots import RowSlots, per_request, rows_to_compute, width_bucket
 from serving.seq2seq import Encoded
 
 # A greedy step picks its tokens on the device when its logits hold at least this many values
@@ -76,9 +76,8 @@ class InPlaceKVCache:
                 f"an encoder output of {source} positions does not fit the cache's "
                 f"{self.decoder.source_capacity} (limits.max_source_length)"
             )
-        total = sum(rows_per_request)
-        one_each = total == len(rows_per_request)  # no beams: the rows as encoded
-        requests = len(rows_per_request)
+        requests, total = len(rows_per_request), sum(rows_per_request)
+        one_each = total == requests  # no beams: the rows as encoded
         repeat = slice(None) if one_each else np.repeat(np.arange(requests), rows_per_request)
         in_use = self.cross_lengths[: self.slots.highest_used() + 1]
         self._fit("cross", max(source, int(in_use.max(initial=1))))
@@ -92,9 +91,7 @@ class InPlaceKVCache:
             raise
         self.lengths[rows] = 0
         self.cross_lengths[rows] = np.maximum(encoded.mask.sum(axis=1)[repeat], 1)
-        if one_each:
-            return [rows[index : index + 1] for index in range(total)]
-        return np.split(rows, np.cumsum(rows_per_request)[:-1])
+        return per_request(rows, rows_per_request)
 
     def step(self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         logits = self.decoder.step(*self._step_inputs(rows, input_ids, positions))
@@ -110,33 +107,27 @@ class InPlaceKVCache:
     ) -> GreedyStep:
         """Through the decoder's ``greedy_pick`` graph where it picks on the device and the step's
         logits are at least ``pick_min_logits`` values (they then stay on the device unless
-        asked for), else the argmax of the logits on the host (over the step's whole batch
-        unless the rows are the leading ones: the rows' picks are gathered, not their logits)."""
+        asked for), else numpy's argmax over the step's whole batch on the host; either way the
+        rows' picks are gathered, not their logits."""
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
         decoder = self.decoder
-        host_pick = not decoder.greedy or batch * self.vocab_size < self.pick_min_logits
-        if host_pick and self._leading(rows):  # the first rows' logits as they are: no copy
-            logits = self.step(rows, input_ids, positions)
-            return GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, no_eos)
         banned_eos = np.zeros(batch, dtype=bool)
         if no_eos is not None:
             banned_eos[rows] = no_eos
         inputs = self._step_inputs(rows, input_ids, positions)
-        if host_pick:  # the argmax over the step's batch, then the rows' picks (gathering the
-            # rows' logits first copied rows x vocab floats at every step)
-            all_logits = decoder.step(*inputs)
-            self.lengths[rows] = positions + 1
-            step = GreedyStep.of_logits(
-                all_logits, decoder.suppressed, decoder.eos_id, banned_eos[: len(all_logits)]
-            )
-            return GreedyStep(
-                step.tokens[rows], step.best[rows], lambda: self._of_rows(all_logits, rows)
-            )
-        tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
+        logits: np.ndarray | None = None  # the step's, on the host; None: left on the device
+        if not decoder.greedy or batch * self.vocab_size < self.pick_min_logits:
+            # numpy's argmax over the step's batch, then the rows' picks (gathering the rows'
+            # logits first copied rows x vocab floats whenever they were not the leading rows)
+            logits = decoder.step(*inputs)
+            step = GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, banned_eos)
+            tokens, best = step.tokens, step.best
+        else:
+            tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
         self.lengths[rows] = positions + 1
 
         def fetch() -> np.ndarray:
-            return self._of_rows(decoder.last_logits(), rows)
+            return self._of_rows(decoder.last_logits() if logits is None else logits, rows)
 
         return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), fetch)
 

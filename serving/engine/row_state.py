@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from serving.engine.slots import RowSlots
+from serving.engine.slots import RowSlots, per_request
 
 # the columns of ``RowState.fixed``, in order
 FIXED = ("min_new", "forced_eos_at", "limit", "route")
@@ -57,11 +57,8 @@ class RowState:
         self.next_id[slots] = start_id
         self.last_time[slots] = np.nan
         fixed = np.array([min_new, forced_eos_at, limit, route], dtype=np.int64)
-        if total == len(counts):  # a row each (no beams)
-            self.fixed[:, slots] = fixed
-            return [slots[index : index + 1] for index in range(total)]
-        self.fixed[:, slots] = np.repeat(fixed, counts, axis=1)
-        return np.split(slots, np.cumsum(counts)[:-1])
+        self.fixed[:, slots] = fixed if total == len(counts) else np.repeat(fixed, counts, axis=1)
+        return per_request(slots, counts)
 
     def give_back(self, slots: np.ndarray) -> None:
         self.slots.give_back(slots.tolist())

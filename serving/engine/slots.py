@@ -10,7 +10,9 @@ No model and no device here: plain integers, so the policies are unit-tested dir
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 
 class SlotsExhausted(RuntimeError):
@@ -74,6 +76,14 @@ class RowSlots:
         if self._highest is None:
             self._highest = max(self._used, default=-1)
         return self._highest
+
+
+def per_request(rows: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
+    """``rows`` taken for requests of ``counts[i]`` rows each, split into each request's rows
+    (views; a row each without ``np.split``'s cost)."""
+    if len(rows) == len(counts):
+        return [rows[index : index + 1] for index in range(len(rows))]
+    return np.split(rows, np.cumsum(counts)[:-1])
 
 
 def rows_to_compute(highest_row: int, capacity: int, buckets: tuple[int, ...] = ()) -> int:
