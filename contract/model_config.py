@@ -63,10 +63,11 @@ class DynamicBatching:
     instances: int = 1
     # Pad each batch with zero images up to the next power of two (at most max_batch_size) and
     # run every such size once when the model loads: the graph then meets a few input shapes,
-    # each prepared before the first request (on CUDA, cuDNN times every convolution algorithm
-    # the first time a shape runs, tens of milliseconds each, with cudnn_conv_algo_search:
-    # exhaustive). "auto": on when the first execution provider is not the CPU's, or with the
-    # TensorRT backend; off on the CPU, where a padded row costs as much as a real one.
+    # each prepared before the first request. (A graph with a convolution still pays cuDNN's
+    # planning at every change of shape on CUDA, tens of milliseconds: the ViT and captioner
+    # exports since 2026-11-27 have none.) "auto": on when the first execution provider is not
+    # the CPU's, or with the TensorRT backend; off on the CPU, where a padded row costs as much
+    # as a real one.
     batch_buckets: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:

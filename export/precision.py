@@ -41,21 +41,6 @@ class HalfLinear(nn.Module):
         return F.linear(x.to(HALF), self.weight, self.bias).to(x.dtype)
 
 
-class HalfConv2d(nn.Module):
-    """A Conv2d (the ViT patch embedding) with fp16 weights; the output is fp32."""
-
-    def __init__(self, conv: nn.Conv2d) -> None:
-        super().__init__()
-        self.stride, self.padding = conv.stride, conv.padding
-        self.weight = nn.Parameter(conv.weight.detach().to(HALF), requires_grad=False)
-        bias = conv.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(HALF), False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = F.conv2d(x.to(HALF), self.weight, self.bias, self.stride, self.padding)
-        return out.float()
-
-
 def mixed_half(model: nn.Module) -> nn.Module:
     """The fp16 variant: fp16 weights, matmuls and KV cache; fp32 residual stream and norms.
 
@@ -69,8 +54,6 @@ def mixed_half(model: nn.Module) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, HalfLinear(child))
-            elif isinstance(child, nn.Conv2d):
-                setattr(module, child_name, HalfConv2d(child))
     decoder = getattr(mixed, "decoder", None)
     if decoder is not None and hasattr(decoder, "kv_dtype"):
         decoder.kv_dtype = HALF

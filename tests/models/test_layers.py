@@ -272,3 +272,22 @@ def test_sampling_options() -> None:
     assert {sample_next(logits, top_p=0.5, generator=generator).item() for _ in range(20)} == {1}
     with pytest.raises(ValueError, match="top_p"):
         sample_next(logits, top_p=0)
+
+
+def test_patch_embedding_is_the_strided_convolution() -> None:
+    """The patch embedding's reshape and matmul compute a stride-p convolution, patches in
+    row-major order, and a checkpoint's convolution weight (D, C, p, p) loads into it."""
+    conv = torch.nn.Conv2d(3, 16, kernel_size=8, stride=8)
+    embedding = vit.PatchEmbedding(3, 8, 16)
+    embedding.load_state_dict(_as_projection(conv))  # (16, 3, 8, 8) -> (16, 192)
+    images = torch.randn(5, 3, 24, 40)  # 3 x 5 patches: rows and columns told apart
+    expected = conv(images).flatten(2).transpose(1, 2)
+    got = embedding(images)
+    assert got.shape == (5, 15, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # a wrong conv still fails to load
+        embedding.load_state_dict(_as_projection(torch.nn.Conv2d(3, 16, 4, stride=4)))
+
+
+def _as_projection(conv: torch.nn.Conv2d) -> dict[str, torch.Tensor]:
+    return {f"projection.{name}": value for name, value in conv.state_dict().items()}
