@@ -82,6 +82,8 @@ def shipped_repository(cache: Path) -> Path:
         if not (repository / m / CONFIG_FILE).is_file()
         # a translator from before the greedy pick graph (2026-11-26) is exported again
         or (m == "translator" and not list(repository.glob(f"{m}/*/{GREEDY_PICK_FILE}")))
+        # so is a ViT from before the matmul patch embedding (2026-11-27; models.vit)
+        or (m == "vit" and _has_conv(repository / m))
     ]
     if missing:
         from export.exporter import ExportOptions, export
@@ -90,6 +92,17 @@ def shipped_repository(cache: Path) -> Path:
             log(f"exporting the shipped {kind} into {repository} (first use)")
             export(kind, repository, ExportOptions(force=True))
     return repository
+
+
+def _has_conv(entry: Path) -> bool:
+    """Whether any version of ``entry`` holds a ``Conv`` node (weights not loaded)."""
+    import onnx
+
+    return any(
+        node.op_type == "Conv"
+        for path in entry.glob("*/model.onnx")
+        for node in onnx.load(str(path), load_external_data=False).graph.node
+    )
 
 
 def with_server_onnxruntime(config: Any, threads: int, device: str) -> Any:
