@@ -101,6 +101,11 @@ class InFlightBatching:
     # fewer, fuller runs for up to that many steps of waiting. They join an idle batch at once,
     # and at once when max_batch_size of them wait. 1 = at every step.
     join_interval_steps: int = 1
+    # Start each greedy decode step before the last one's bookkeeping (streaming its tokens,
+    # finishing sequences, metrics), on a thread of its own, so that this Python runs while the
+    # device computes (vLLM's and SGLang's overlapped scheduling); waiting requests join after
+    # such a step. The in-place KV cache only. Off by default: not yet measured on a GPU host.
+    overlap_steps: bool = False
 
     def __post_init__(self) -> None:
         _at_least_one(

@@ -12,6 +12,12 @@ One worker thread per model runs the decode loop. Every iteration it
    ``RowState``, and no Python runs per row unless a request takes its tokens as events);
 4. removes finished sequences.
 
+With ``overlap`` (``batching.overlap_steps``), a greedy step whose tokens are chosen starts the
+next step of the rows that go on, on a thread of its own, before its bookkeeping (streaming the
+tokens, finishing sequences, metrics): that Python then runs while the device computes instead
+of between its steps. Nothing joins while such a step runs (joiners wait for the step after it);
+sequences that leave meanwhile are dropped from its result.
+
 Each sequence owns its sampler (and random generator), so its output does not depend on which
 other requests share the batch.
 """
@@ -19,17 +25,19 @@ other requests share the batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
-from serving.engine.decode_cache import DecodeCache
+from serving.engine.decode_cache import DecodeCache, GreedyStep
 from serving.engine.gauges import GaugeBoard
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
@@ -99,6 +107,31 @@ class _Sequence:
         self.slots = np.zeros(0, dtype=np.int64)
         self.slot = 0
         self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
+
+
+class _Ahead:
+    """A greedy step started before the last step's bookkeeping (``InFlightEngine.overlap``):
+    its rows are those of the sequences running then, of which ``alive`` still run."""
+
+    def __init__(self, result: Callable[[], GreedyStep], count: int) -> None:
+        self.result, self.started = result, time.perf_counter()
+        self.alive: np.ndarray | None = None  # positions in the step's rows; None: all of them
+        self.count = count
+
+    def keep(self, kept: np.ndarray) -> None:
+        """The sequences at ``kept`` (a mask over those running) go on; the rest left."""
+        alive = np.arange(self.count) if self.alive is None else self.alive
+        self.alive = alive[kept]
+
+    def wait(self) -> tuple[GreedyStep, float]:
+        """The step's result for the sequences still running, and its seconds from start."""
+        step = self.result()
+        seconds = time.perf_counter() - self.started
+        if self.alive is None:
+            return step, seconds
+        alive = self.alive
+        logits = step.logits
+        return GreedyStep(step.tokens[alive], step.best[alive], lambda: logits()[alive]), seconds
 
 
 # the layout's per-sequence columns: ``RowState.fixed``'s, then its rows, its sink, greedy
@@ -251,6 +284,7 @@ class InFlightEngine:
         cache: DecodeCache | None = None,
         instance: int = 0,
         gauge_board: GaugeBoard | None = None,
+        overlap: bool = False,
     ) -> None:
         """Create a stopped engine; ``start()`` it.
 
@@ -267,6 +301,8 @@ class InFlightEngine:
             instance: this engine's index among the model's instances (``EnginePool``).
             gauge_board: where the instances' gauges are summed into the model's; None for a
                 model of one instance.
+            overlap: start a greedy step's successor before its bookkeeping (module docstring;
+                the in-place cache only).
         """
         self.name = name
         self.runner = runner
@@ -307,6 +343,12 @@ class InFlightEngine:
         self._earliest_deadline = math.inf  # at most the running sequences' earliest deadline
         self._gauged_at = -math.inf  # the clock when the gauges were last set
         self._gauges_due = False  # a sequence joined or left since then
+        if overlap and not hasattr(self.cache, "start_greedy"):
+            raise ValueError("overlap needs a cache that starts steps on a thread (in-place)")
+        self.overlap = overlap
+        self._ahead: _Ahead | None = None  # the step started during the last bookkeeping
+        self._executor: ThreadPoolExecutor | None = None  # its thread, made on first use
+        self.steps_ahead = 0  # steps started before the last one's bookkeeping (tests read it)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -320,6 +362,8 @@ class InFlightEngine:
             self._wake.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
         for request in self.queue.drain():
             request.emit(ErrorEvent(Unavailable("the server is shutting down; retry elsewhere")))
 
@@ -420,8 +464,13 @@ class InFlightEngine:
 
     def _iterate(self) -> None:
         self._drop_dead()
-        # Without in-flight batching a batch runs to its end before the next one is admitted.
-        joining = not self.sequences or (self.batching.in_flight and self._joining_due())
+        if self._ahead is not None and not self.sequences:  # every one of its rows left
+            self._discard_ahead()
+        # Without in-flight batching a batch runs to its end before the next one is admitted;
+        # nothing joins while a step started ahead runs (the cache's rows are busy).
+        joining = self._ahead is None and (
+            not self.sequences or (self.batching.in_flight and self._joining_due())
+        )
         joiners = self.queue.admit(self.cache.rows) if joining else []
         if joiners:
             self._gauge_queue()  # before their encoder pass: they left the queue
@@ -541,7 +590,9 @@ class InFlightEngine:
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
         done = positions if layout.single else state.generated[layout.first]
         input_ids = state.next_id[layout.slots]
-        if len(rows) >= GREEDY_PASS_ROWS and layout.single and layout.greedy:
+        if self._ahead is not None or (
+            len(rows) >= GREEDY_PASS_ROWS and layout.single and layout.greedy
+        ):
             self._step_greedy(layout, input_ids, done, started)
             return
         counts, offsets = layout.counts, layout.offsets
@@ -578,11 +629,16 @@ class InFlightEngine:
         tokens (from the device where the cache can; the logits only if a row's sampler must
         decide, a NaN), and each row's bookkeeping for all rows at once."""
         state, slots = self._state, layout.slots
-        no_eos = done < layout.min_new if layout.any_min_new else None
-        outputs = self.cache.step_greedy(layout.rows, input_ids, done, no_eos)
+        if self._ahead is not None:  # started during the last step's bookkeeping
+            running, self._ahead = self._ahead, None
+            outputs, seconds = running.wait()
+        else:
+            no_eos = done < layout.min_new if layout.any_min_new else None
+            outputs = self.cache.step_greedy(layout.rows, input_ids, done, no_eos)
+            seconds = -1.0
         self.steps += 1
         now = self.clock()
-        self._observe("compute_time", now - started, stage="decoder_step")
+        self._observe("compute_time", now - started if seconds < 0 else seconds, "decoder_step")
         self._observe("batch_size", len(slots), stage="decoder_step")
         eos_id = self.spec.eos_id
         chosen = greedy_decide(
@@ -600,8 +656,26 @@ class InFlightEngine:
             chosen[index] = sampler.choose(outputs.logits()[index], int(done[index]))
         generated = done + 1
         state.generated[slots] = generated
-        self._count_tokens(layout, now)
         stops = chosen == eos_id
+        ending = stops | (generated >= layout.limit)
+        ahead = self._start_ahead(layout, ending, chosen, generated) if self.overlap else None
+        try:
+            self._book_greedy(layout, chosen, done, stops, ending, now)
+        finally:  # from now on a sequence that leaves is dropped from its result
+            self._ahead = ahead
+
+    def _book_greedy(
+        self,
+        layout: _Layout,
+        chosen: np.ndarray,
+        done: np.ndarray,
+        stops: np.ndarray,
+        ending: np.ndarray,
+        now: float,
+    ) -> None:
+        """A greedy step's bookkeeping: token times, the rows' tokens, streaming, finishes."""
+        state, slots = self._state, layout.slots
+        self._count_tokens(layout, now)
         going = ~stops if stops.any() else None  # None: every row goes on (the usual step)
         live = slice(None) if going is None else going  # a slice: views, no copies
         kept, tokens = slots[live], chosen[live]
@@ -622,17 +696,47 @@ class InFlightEngine:
             if going is None or going[index]:
                 request = self.sequences[index].request
                 self._outbox.post(request, TokenEvent(int(chosen[index]), int(done[index])))
-        ends = np.flatnonzero(stops | (generated >= layout.limit))
-        finished = ends.tolist()
+        finished = np.flatnonzero(ending).tolist()
         for index in finished:
             seq = self.sequences[index]
             if stops[index]:
                 self._finish(seq, "stop", int(done[index]))
             else:
-                self._finish(seq, "length", int(generated[index]))
+                self._finish(seq, "length", int(done[index]) + 1)
         self._count_new_tokens(now)
         if finished:
             self._remove(finished)
+
+    def _start_ahead(
+        self, layout: _Layout, ending: np.ndarray, chosen: np.ndarray, generated: np.ndarray
+    ) -> _Ahead | None:
+        """The next step of the sequences that go on, started on the step thread; None when
+        none goes on or a waiting request may join now (it joins first)."""
+        leaving = int(ending.sum())
+        if leaving == len(ending) or (
+            len(self.queue)
+            and self._joining_due()
+            and self.queue.can_admit(self.cache.rows - leaving)
+        ):
+            return None
+        rows, ids, positions, min_new = layout.rows, chosen, generated, layout.min_new
+        if leaving:
+            go = ~ending
+            rows, ids, positions, min_new = rows[go], ids[go], positions[go], min_new[go]
+        no_eos = positions < min_new if layout.any_min_new else None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"step-{self.name}")
+        start = self.cache.start_greedy  # type: ignore[attr-defined]  # __init__ checked it
+        result = start(rows, ids, positions, no_eos, self._executor)
+        self.steps_ahead += 1
+        return _Ahead(result, len(rows))
+
+    def _discard_ahead(self) -> None:
+        """Wait for the step started ahead and drop its result (its rows left, or failed)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            with contextlib.suppress(Exception):  # its rows are gone, or failing already
+                ahead.result()
 
     def _greedy_tokens(
         self,
@@ -786,12 +890,15 @@ class InFlightEngine:
             del remaining[index]
         self.sequences = remaining
         self._layout.keep(kept)
+        if self._ahead is not None:
+            self._ahead.keep(kept)
         self._gauges_due = True
         self._state.give_back(np.concatenate([seq.slots for seq in leaving]))
         self.cache.release(np.concatenate([seq.rows for seq in leaving]))
 
     def _fail_all(self, error: Exception) -> None:
         """A backend failure fails the requests of this batch only; later ones run normally."""
+        self._discard_ahead()
         for seq in self.sequences:
             self._outbox.post(seq.request, ErrorEvent(error))
         self._token_gaps.clear()  # a step that failed part-way counted some of its rows

@@ -14,7 +14,8 @@ re-layouts) is ``serving.backends.onnxruntime_io.InPlaceDecoder``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -53,6 +54,8 @@ class InPlaceKVCache:
         self.vocab_size = decoder.logits.shape[-1]
         self.pick_min_logits = PICK_MIN_LOGITS
         self._rows_seen: tuple[np.ndarray | None, bool] = (None, False)  # rows, leading_rows
+        self.busy = False  # a step started by start_greedy runs on another thread
+        self._refit_due = False  # rows were released meanwhile: re-fit the widths after it
         self._fit("past", 1)  # start narrow: nothing is cached yet
         self._fit("cross", 1)
         self.relayouts = 0
@@ -70,6 +73,8 @@ class InPlaceKVCache:
         return self.decoder.rows * self.decoder.capacity
 
     def admit(self, encoded: Encoded, rows_per_request: Sequence[int]) -> list[np.ndarray]:
+        if self.busy:
+            raise RuntimeError("a decoder step is still running on this cache")
         source = encoded.mask.shape[1]
         if source > self.decoder.source_capacity:
             raise ValueError(
@@ -109,27 +114,77 @@ class InPlaceKVCache:
         logits are at least ``pick_min_logits`` values (they then stay on the device unless
         asked for), else numpy's argmax over the step's whole batch on the host; either way the
         rows' picks are gathered, not their logits."""
+        return self.start_greedy(rows, input_ids, positions, no_eos)()
+
+    def start_greedy(
+        self,
+        rows: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        no_eos: np.ndarray | None = None,
+        executor: Executor | None = None,
+    ) -> Callable[[], GreedyStep]:
+        """``step_greedy``, its device work run by ``executor`` (a thread of its own): returns at
+        once, the returned function waits for the step. The cache is ``busy`` until then: rows
+        may be released meanwhile (their re-layout waits for the step), not admitted. Without
+        ``executor`` the step runs now."""
+        if self.busy:
+            raise RuntimeError("a decoder step is still running on this cache")
         batch = rows_to_compute(self.slots.highest_used(), self.decoder.rows, self.buckets)
         decoder = self.decoder
         banned_eos = np.zeros(batch, dtype=bool)
         if no_eos is not None:
             banned_eos[rows] = no_eos
         inputs = self._step_inputs(rows, input_ids, positions)
-        logits: np.ndarray | None = None  # the step's, on the host; None: left on the device
-        if not decoder.greedy or batch * self.vocab_size < self.pick_min_logits:
-            # numpy's argmax over the step's batch, then the rows' picks (gathering the rows'
-            # logits first copied rows x vocab floats whenever they were not the leading rows)
-            logits = decoder.step(*inputs)
-            step = GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, banned_eos)
-            tokens, best = step.tokens, step.best
-        else:
-            tokens, best = decoder.step_greedy(*inputs, no_eos=banned_eos)
+        if executor is not None:  # the caller's arrays and the cache's may change meanwhile
+            inputs = (inputs[0].copy(), inputs[1].copy(), inputs[2].copy())
         self.lengths[rows] = positions + 1
+        leading = self._leading(rows)
+        on_host = not decoder.greedy or batch * self.vocab_size < self.pick_min_logits
 
-        def fetch() -> np.ndarray:
-            return self._of_rows(decoder.last_logits() if logits is None else logits, rows)
+        def of_rows(values: np.ndarray) -> np.ndarray:
+            return values[: len(rows)] if leading else values[rows]
 
-        return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), fetch)
+        def device() -> tuple[np.ndarray, ...]:
+            """The device's part: the step, and the pick where the device picks."""
+            if on_host:
+                return (decoder.step(*inputs),)
+            return decoder.step_greedy(*inputs, no_eos=banned_eos)
+
+        def pick(outputs: tuple[np.ndarray, ...]) -> GreedyStep:
+            logits: np.ndarray | None = None  # the step's, on the host; None: on the device
+            if on_host:
+                # numpy's argmax over the step's batch, then the rows' picks (gathering the rows'
+                # logits first copied rows x vocab floats whenever they were not the leading rows)
+                (logits,) = outputs
+                step = GreedyStep.of_logits(logits, decoder.suppressed, decoder.eos_id, banned_eos)
+                tokens, best = step.tokens, step.best
+            else:
+                tokens, best = outputs
+
+            def fetch() -> np.ndarray:
+                return of_rows(decoder.last_logits() if logits is None else logits)
+
+            return GreedyStep(of_rows(tokens), of_rows(best), fetch)
+
+        if executor is None:
+            done = pick(device())
+            return lambda: done
+        # only the device's part on the step thread (it holds the GIL least); the pick after
+        future = executor.submit(device)
+        self.busy = True
+
+        def result() -> GreedyStep:
+            try:
+                outputs = future.result()
+            finally:
+                self.busy = False
+                if self._refit_due:
+                    self._refit_due = False
+                    self._refit()
+            return pick(outputs)
+
+        return result
 
     def _step_inputs(
         self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray
@@ -159,6 +214,13 @@ class InPlaceKVCache:
         self.slots.give_back(rows)
         self.lengths[rows] = 0
         self.cross_lengths[rows] = 1
+        if self.busy:  # a step runs on the buffers: their re-layout waits for it
+            self._refit_due = True
+        else:
+            self._refit()
+
+    def _refit(self) -> None:
+        """The caches' widths to what the rows in use need."""
         # Free rows hold length 0 and cross length 1: the leading rows up to the highest one in
         # use give the widths the rows in use need.
         end = self.slots.highest_used() + 1

@@ -136,6 +136,16 @@ class AdmissionQueue(Generic[R]):
                 tokens += request.source_tokens + request.rows
         return admitted
 
+    def can_admit(self, active_rows: int) -> bool:
+        """Whether ``admit`` would take the oldest waiting request now."""
+        with self._lock:
+            if not self._waiting:
+                return False
+            request = self._waiting[0]
+            return fits_capacity(active_rows, 0, request, self.limits) and fits_budget(
+                active_rows, 0, request, self.limits
+            )
+
     def drain(self) -> list[R]:
         """Remove and return everything waiting (shutdown)."""
         with self._lock:

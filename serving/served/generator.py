@@ -113,6 +113,14 @@ def local_engine(
 ) -> InFlightEngine:
     """The in-process engine over ``backend`` (in-place KV cache when the graphs allow);
     ``instance`` and ``gauge_board`` for one of several instances of the model."""
+    cache = inplace_cache(backend, config)
+    overlap = config.batching.overlap_steps
+    if overlap and cache is None:
+        log.warning(
+            "%s: batching.overlap_steps needs the in-place KV cache (onnxruntime.kv_cache: "
+            "inplace, an ONNX Runtime export with its graphs); steps run one after the other",
+            config.name,
+        )
     return InFlightEngine(
         config.name,
         Seq2SeqRunner(backend, config.decoder),
@@ -120,9 +128,10 @@ def local_engine(
         config.limits.max_new_tokens,
         config.batching,
         metrics,
-        cache=inplace_cache(backend, config),
+        cache=cache,
         instance=instance,
         gauge_board=gauge_board,
+        overlap=overlap and cache is not None,
     )
 
 

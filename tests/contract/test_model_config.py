@@ -24,7 +24,7 @@ from contract.schema import SchemaError, to_mapping
 
 GENERATOR_ONLY = {"decoder", "languages", "max_new_tokens", "max_source_length", "in_flight"}
 GENERATOR_ONLY |= {"max_texts_per_request", "max_active_sequences", "token_budget"}
-GENERATOR_ONLY |= {"stream_interval_ms", "join_interval_steps"}
+GENERATOR_ONLY |= {"stream_interval_ms", "join_interval_steps", "overlap_steps"}
 CLASSIFIER_ONLY = {"labels", "max_queue_delay_us", "batch_buckets"}
 
 CLASSIFIER = ClassifierConfig(name="vit", image=ImageSpec(32), labels=("0", "1"))

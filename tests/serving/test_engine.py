@@ -73,6 +73,23 @@ def test_admission_token_budget_and_dead_requests() -> None:
     assert len(queue.admit(active_rows=0)) == 1  # an idle batch always admits one
 
 
+def test_can_admit_says_whether_admit_would_take_the_oldest() -> None:
+    limits = AdmissionLimits(max_rows=4, max_queue=10, token_budget=20, max_joiners=8)
+    queue: AdmissionQueue[Plain] = AdmissionQueue(limits, clock=lambda: 0.0)
+    assert not queue.can_admit(active_rows=0)  # nothing waits
+    oldest = Plain(rows=2, source_tokens=12)
+    queue.offer(oldest)
+    queue.offer(Plain())
+    assert queue.can_admit(0) and queue.can_admit(2)
+    assert not queue.can_admit(3) and len(queue) == 2  # 3 + 2 rows > 4; asking takes nothing
+    assert queue.admit(3) == [] and queue.admit(2) == [oldest]  # as admit does
+    tight = AdmissionLimits(max_rows=64, max_queue=10, token_budget=14, max_joiners=8)
+    budget: AdmissionQueue[Plain] = AdmissionQueue(tight, clock=lambda: 0.0)
+    budget.offer(Plain(source_tokens=12))
+    assert budget.can_admit(0) and budget.can_admit(1)  # 1 + 13 <= 14
+    assert not budget.can_admit(2) and budget.admit(2) == []  # 2 + 13 > 14
+
+
 def test_cache_rows_join_leave_and_trim() -> None:
     cache = BatchKVCache(num_layers=1, num_heads=2, head_dim=4, dtype=np.float32)
     cross = [np.ones((2, 2, 3, 4), np.float32)] * 2
