@@ -110,7 +110,7 @@ def _serve_parser(commands: Any) -> None:
         "--setups",
         type=_words,
         help=f"server setups: {','.join(SETUPS)} (default all; four_frontends and "
-        "eight_frontends where the machine has 2 CPUs per frontend, cuda_graphs, "
+        "eight_frontends(_overlap) where the machine has 2 CPUs per frontend, cuda_graphs, "
         "no_cuda_graphs, conv_heuristic and no_batch_buckets with --device cuda only)",
     )
     serve.add_argument(

@@ -81,6 +81,7 @@ def instant_engine(
     device: _Device | None = None,
     join_interval_steps: int = 1,
     max_new_tokens: int = NEW_TOKENS,
+    overlap: bool = False,
 ) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
     logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
@@ -90,13 +91,14 @@ def instant_engine(
     With ``device``, an emulated device: each decoder step answers after ``device.step_s``
     seconds in which the engine thread does not hold the GIL (a GPU step's wait), and the cache's
     re-layouts only change its widths (on a device they are device work, and nothing reads this
-    cache)."""
+    cache). With ``overlap``, ``batching.overlap_steps``: greedy steps start before the last
+    one's bookkeeping."""
     from contract.repository import resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend
     from serving.served.generator import local_engine
 
-    config = engine_config(entry, rows, join_interval_steps, max_new_tokens)
+    config = engine_config(entry, rows, join_interval_steps, max_new_tokens, overlap)
     engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
     spec = config.decoder
     logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
@@ -160,6 +162,11 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
         "(e.g. 0.95, the H200's batch-128 step) and cache re-layouts are device work; the "
         "points then give the device's busy share (served / offline). Default: instant steps",
     )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="batching.overlap_steps: each greedy step starts before the last one's bookkeeping",
+    )
 
 
 def device_figures(device: _Device | None, steps: int, seconds: float, wall: float) -> dict:
@@ -177,10 +184,14 @@ def device_figures(device: _Device | None, steps: int, seconds: float, wall: flo
 
 
 def engine_config(
-    entry: Path, rows: int, join_interval_steps: int = 1, max_new_tokens: int = NEW_TOKENS
+    entry: Path,
+    rows: int,
+    join_interval_steps: int = 1,
+    max_new_tokens: int = NEW_TOKENS,
+    overlap: bool = False,
 ) -> Any:
     """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued),
-    ``join_interval_steps``, and ``max_new_tokens`` as its token limit."""
+    ``join_interval_steps``, ``max_new_tokens`` as its token limit and ``overlap_steps``."""
     from contract.repository import read_model_config
 
     config = read_model_config(entry)
@@ -190,6 +201,7 @@ def engine_config(
         max_batch_size=rows,
         max_queue_size=4 * rows,
         join_interval_steps=join_interval_steps,
+        overlap_steps=overlap,
     )
     return replace(
         config, batching=batching, limits=replace(config.limits, max_new_tokens=max_new_tokens)
@@ -272,13 +284,14 @@ def measure(
     gc_gen0_threshold: int = 0,
     instant_encoder: bool = False,
     device_step_ms: float | None = None,
+    overlap: bool = False,
 ) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn. The garbage
     collector is set as a serving process sets it (``serving.gc_policy``)."""
     from serving.gc_policy import settle
 
     device = device_of(device_step_ms)
-    engine, encode = instant_engine(entry, max(streams), instant_encoder, device)
+    engine, encode = instant_engine(entry, max(streams), instant_encoder, device, overlap=overlap)
     settle(gc_freeze, gc_gen0_threshold)
     engine.start()
     try:
@@ -342,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gc_gen0_threshold,
         args.instant_encoder,
         args.device_step_ms,
+        args.overlap,
     )
     write_probe(
         "engine-loop",
@@ -354,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         gc_gen0_threshold=args.gc_gen0_threshold,
         instant_encoder=args.instant_encoder,
         device_step_ms=args.device_step_ms,
+        overlap=args.overlap,
     )
     return 0
 

@@ -159,6 +159,7 @@ def measure(
     device_step_ms: float | None = None,
     join_interval_steps: int = 1,
     spread: bool = False,
+    overlap: bool = False,
 ) -> list[dict[str, Any]]:
     """One engine with rows for the most streams behind one engine server; each stream count
     driven in turn by ``frontends`` client processes. The collector is set as in the server."""
@@ -177,8 +178,9 @@ def measure(
         device=device,
         join_interval_steps=join_interval_steps,
         max_new_tokens=limit,
+        overlap=overlap,
     )
-    config = engine_config(entry, max(streams), join_interval_steps, limit)
+    config = engine_config(entry, max(streams), join_interval_steps, limit, overlap)
     model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
     settle(True, 0)
     engine.start()
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device_step_ms,
         args.join_interval_steps,
         args.spread,
+        args.overlap,
     )
     write_probe(
         "engine-server-loop",
@@ -257,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         device_step_ms=args.device_step_ms,
         join_interval_steps=args.join_interval_steps,
         spread=args.spread,
+        overlap=args.overlap,
     )
     return 0
 

@@ -34,7 +34,8 @@ from typing import Any
 # The batching configuration under more frontend processes, measured where the machine has
 # two CPUs per frontend (the load generator and the engine need cores too): the frontend count
 # that serves best on a large host (issue: frontend_workers "what measures best").
-WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8}
+# eight_frontends_overlap: eight_frontends' with the translator's batching.overlap_steps on
+WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8, "eight_frontends_overlap": 8}
 # CUDA only (refused on the CPU; among the defaults on CUDA): the batching configuration with the
 # translator's decode steps replayed as CUDA graphs (the default since 2026-11-26; explicit here,
 # whatever an entry's config.yaml says) and without them, and the ViT with cuDNN's heuristic

@@ -49,6 +49,8 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     "stream_interval": {"translator": {"stream_interval_ms": STREAM_INTERVAL_MS}},
     # batching's, served by 4 / 8 frontend processes
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
+    # eight_frontends' translator, each greedy step started before the last one's bookkeeping
+    "eight_frontends_overlap": {"translator": {"overlap_steps": True}},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
     # with cuDNN's heuristic convolution search; and the ViT's batches as they come (on CUDA
     # batching.batch_buckets pads them to powers of two by default)

@@ -109,8 +109,9 @@ def test_wide_frontend_setups_need_two_cpus_per_frontend() -> None:
     base = ("batching", "two_frontends", "instances", "stream_interval")
     assert gpu_goal_loads(2)["setups"] == gpu_goal_loads(7)["setups"] == base
     assert gpu_goal_loads(8)["setups"] == (*base, "four_frontends")
-    assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", "eight_frontends")
-    wide = ("four_frontends", "eight_frontends")
+    eight = ("eight_frontends", "eight_frontends_overlap")
+    assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", *eight)
+    wide = ("four_frontends", *eight)
     assert machine_setups(SETUPS, 2) == tuple(s for s in SETUPS if s not in (*wide, *CUDA_SETUPS))
     assert machine_setups(SETUPS, 2, "cuda") == tuple(s for s in SETUPS if s not in wide)
     assert machine_setups(SETUPS, 64, "cuda") == SETUPS
