@@ -213,8 +213,8 @@ def _repeated(encode: Any) -> Any:
     source = np.array([SOURCE], dtype=np.int64)
     one = encode({"input_ids": source, "attention_mask": np.ones_like(source)})
 
-    def repeated(feeds: dict[str, np.ndarray]) -> Any:
-        batch = len(feeds["input_ids"])
+    def repeated(feeds: dict[str, np.ndarray], device: Any = None) -> Any:
+        batch = len(feeds["input_ids"])  # (the cache is on the host here: numpy arrays)
         return type(one)([np.repeat(c, batch, axis=0) for c in one.cross], feeds["attention_mask"])
 
     return repeated

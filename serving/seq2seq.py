@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from contract.graphs import DECODER, DECODER_INPLACE, kv_names, present_name
 from contract.model_config import DecoderSpec
-from serving.backends.base import Backend
+from serving.backends.base import Backend, BackendError
 
 _ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -23,7 +24,9 @@ _ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 class Encoded:
     """Encoder output of a batch: per-layer cross keys/values and the source mask."""
 
-    cross: list[np.ndarray]  # [cross_key.0, cross_value.0, ...], each (B, H, S, D)
+    # [cross_key.0, cross_value.0, ...], each (B, H, S, D): numpy arrays, or ONNX Runtime
+    # OrtValues left on a device (``Seq2SeqRunner.encode(..., device=...)``)
+    cross: list[Any]
     mask: np.ndarray  # (B, S) int64
 
     @property
@@ -46,16 +49,37 @@ class Seq2SeqRunner:
         types = input_types(decoder) if decoder is not None and input_types is not None else {}
         self.kv_dtype = _ONNX_FLOAT.get(types.get(self.past_names[0], ""), np.float32)
 
-    def encode(self, feeds: Mapping[str, np.ndarray]) -> Encoded:
-        """Run the encoder; ``feeds`` are input_ids + attention_mask, or pixel_values."""
-        outputs = self.backend.run("encoder", feeds)
-        cross = [outputs[name] for name in self.cross_names]
+    def encode(
+        self, feeds: Mapping[str, np.ndarray], device: tuple[str, int] | None = None
+    ) -> Encoded:
+        """Run the encoder; ``feeds`` are input_ids + attention_mask, or pixel_values. With
+        ``device`` (an ONNX Runtime backend's; e.g. ("cuda", 0)) the cross keys and values stay
+        there as OrtValues, for a cache on that device: not copied to the host and back."""
+        if device is None:
+            outputs = self.backend.run("encoder", feeds)
+            cross = [outputs[name] for name in self.cross_names]
+            batch, _, length, _ = cross[0].shape
+        else:
+            cross = self._encode_on(device, feeds)
+            batch, _, length, _ = cross[0].shape()
         if "attention_mask" in feeds:
             mask = np.asarray(feeds["attention_mask"], dtype=np.int64)
         else:  # images: every encoder position is real
-            batch, _, length, _ = cross[0].shape
             mask = np.ones((batch, length), dtype=np.int64)
         return Encoded(cross, mask)
+
+    def _encode_on(self, device: tuple[str, int], feeds: Mapping[str, np.ndarray]) -> list[Any]:
+        session = self.backend.session("encoder")  # type: ignore[attr-defined]
+        io = session.io_binding()
+        for name, value in feeds.items():
+            io.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self.cross_names:
+            io.bind_output(name, device[0], device[1])
+        try:
+            session.run_with_iobinding(io)
+        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
+            raise BackendError(f"encoder graph failed: {err}") from err
+        return list(io.get_outputs())  # in the order bound: self.cross_names'
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """A zero-length cache for ``batch`` rows."""

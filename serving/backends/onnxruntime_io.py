@@ -115,9 +115,14 @@ class InPlaceDecoder:
         self.past = cache_buffers(past, layout, types, spec, rows, capacity, device)
         self.cross = cache_buffers(cross, layout, types, spec, rows, source_capacity, device)
         self.updates = [update_name(n) for n in kv_names("cross", layers)]  # cache_write's inputs
+        # its ONNX type ("tensor(float)"): an OrtValue of it is bound as it is
+        self.update_type = next(k for k, v in NUMPY_TYPES.items() if v == self.update_dtype)
         # CPU float buffers take a joiner's cross keys / values by numpy assignment into their
         # host memory: what ``cache_write`` does, without a graph run per admission
         self.host_writes = device.kind == "cpu" and layout == "float"
+        # where the encoder leaves a joiner's cross keys / values for ``write_cross``: on the
+        # cache's device (None: the host, as numpy arrays)
+        self.encoder_device = None if device.kind == "cpu" else (device.kind, device.index)
         # on CUDA the logits come back into page-locked memory where the runtime allows
         self.host = CudaHost.load() if device.kind == "cuda" else None
         self.logits = pinned_empty((rows, 1, spec.vocab_size), self.host)
@@ -342,10 +347,12 @@ class InPlaceDecoder:
             raise BackendError(f"{DECODER_INPLACE} graph failed: {err}") from err
         return logits[:, 0]
 
-    def write_cross(self, rows: np.ndarray, cross: list[np.ndarray]) -> None:
+    def write_cross(self, rows: np.ndarray, cross: list[np.ndarray | ort.OrtValue]) -> None:
         """Write the cross keys / values of new rows (each (n, H, S, D), S <= source_width),
-        zero-padded to the buffers' width."""
+        zero-padded to the buffers' width. OrtValues (the encoder's, left on the cache's device:
+        ``encoder_device``) are bound as they are when of the writer's type."""
         if self.host_writes:
+            cross = [on_host(values) for values in cross]
             # one row by a plain index (a view): half the cost of the indexed copy
             where, one = (int(rows[0]), 0) if len(rows) == 1 else (rows, slice(None))
             for buffer, values in zip(self.cross.values(), cross, strict=True):
@@ -356,7 +363,10 @@ class InPlaceDecoder:
         io = self._helper_binding(CACHE_WRITE, self.writer, self.cross)
         io.bind_cpu_input(ROWS, np.ascontiguousarray(rows, dtype=np.int64))
         for name, values in zip(self.updates, cross, strict=True):
-            io.bind_cpu_input(name, np.ascontiguousarray(values, dtype=self.update_dtype))
+            if isinstance(values, ort.OrtValue) and values.data_type() == self.update_type:
+                io.bind_ortvalue_input(name, values)
+            else:
+                io.bind_cpu_input(name, np.ascontiguousarray(on_host(values), self.update_dtype))
         self._run(self.writer, io, CACHE_WRITE)
 
     def copy_rows(self, rows: np.ndarray, source_rows: np.ndarray) -> None:
@@ -430,3 +440,8 @@ class InPlaceDecoder:
             session.run_with_iobinding(io)
         except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
             raise BackendError(f"{graph} graph failed: {err}") from err
+
+
+def on_host(values: np.ndarray | ort.OrtValue) -> np.ndarray:
+    """``values`` as a numpy array (an OrtValue copied from its device)."""
+    return values.numpy() if isinstance(values, ort.OrtValue) else values

@@ -570,6 +570,8 @@ class InFlightEngine:
         return self.cache.admit(encoded, [request.rows for request in joiners])
 
     def _encode(self, joiners: list[GenerationRequest]) -> Encoded:
+        # on a device the in-place cache takes the encoder's output where it is computed
+        device = getattr(self.cache, "encoder_device", None)
         if joiners[0].source_ids is not None:
             length = max(len(r.source_ids) for r in joiners)  # type: ignore[arg-type]
             ids = np.full((len(joiners), length), self.spec.pad_id, dtype=np.int64)
@@ -578,9 +580,9 @@ class InFlightEngine:
                 assert request.source_ids is not None
                 ids[row, : len(request.source_ids)] = request.source_ids
                 mask[row, : len(request.source_ids)] = 1
-            return self.runner.encode({"input_ids": ids, "attention_mask": mask})
+            return self.runner.encode({"input_ids": ids, "attention_mask": mask}, device)
         pixels = np.stack([r.pixels for r in joiners]).astype(self.runner.kv_dtype)
-        return self.runner.encode({"pixel_values": pixels})
+        return self.runner.encode({"pixel_values": pixels}, device)
 
     def _step(self) -> None:
         started = self.clock()

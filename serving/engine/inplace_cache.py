@@ -19,7 +19,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.backends.onnxruntime_io import InPlaceDecoder, on_host
 from serving.engine.decode_cache import GreedyStep
 from serving.engine.slots import RowSlots, per_request, rows_to_compute, width_bucket
 from serving.seq2seq import Encoded
@@ -65,6 +65,12 @@ class InPlaceKVCache:
         return self.slots.used
 
     @property
+    def encoder_device(self) -> tuple[str, int] | None:
+        """Where the encoder should leave joiners' cross keys / values for ``admit`` (the
+        cache's device; None: on the host)."""
+        return self.decoder.encoder_device
+
+    @property
     def tokens(self) -> int:
         return int(self.lengths.sum())
 
@@ -89,7 +95,7 @@ class InPlaceKVCache:
         rows = np.asarray(self.slots.take(total), dtype=np.int64)
         try:
             self.decoder.write_cross(
-                rows, encoded.cross if one_each else [c[repeat] for c in encoded.cross]
+                rows, encoded.cross if one_each else [on_host(c)[repeat] for c in encoded.cross]
             )
         except BaseException:
             self.slots.give_back(rows)

@@ -393,6 +393,60 @@ def test_host_cross_writes_equal_the_cache_write_graph(
         np.testing.assert_array_equal(mine[others], before[others])
 
 
+def test_encoder_outputs_left_on_the_device_fill_the_cache_alike(tiny_repository: Path) -> None:
+    """The encoder's cross keys / values left as OrtValues on the cache's device (here the CPU's:
+    on a GPU they never cross to the host) are what ``encode`` returns, and admitting them through
+    the ``cache_write`` graph (bound as they are) or the host writes gives the buffers the numpy
+    arrays give, beams (their rows repeated on the host) included."""
+    runner = load(tiny_repository / "translator")[1]
+    ids = np.zeros((3, 9), dtype=np.int64)
+    for row, length in enumerate((9, 4, 6)):
+        ids[row, :length] = np.arange(10, 10 + length)
+    feeds = {"input_ids": ids, "attention_mask": (ids > 0).astype(np.int64)}
+    host, kept = runner.encode(feeds), runner.encode(feeds, ("cpu", 0))
+    assert all(not isinstance(c, np.ndarray) for c in kept.cross)  # OrtValues
+    np.testing.assert_array_equal(kept.mask, host.mask)
+    for ours, theirs in zip(kept.cross, host.cross, strict=True):
+        np.testing.assert_allclose(ours.numpy(), theirs, rtol=0, atol=1e-6)
+    filled = []
+    for encoded, graph in ((host, False), (kept, False), (kept, True), (host, True)):
+        cache = load(tiny_repository / "translator")[2]
+        cache.decoder.host_writes = not graph
+        rows = cache.admit(encoded, [1, 2, 1])  # the second request holds two beams' rows
+        assert [r.tolist() for r in rows] == [[0], [1, 2], [3]]
+        filled.append([b.host().copy() for b in cache.decoder.cross.values()])
+    for buffers in filled[1:]:
+        for ours, theirs in zip(buffers, filled[0], strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-6)
+    assert filled[0][0][1:3].any() and np.array_equal(filled[0][0][1], filled[0][0][2])
+    captioner = load(tiny_repository / "captioner")[1]  # images: the mask from the shape
+    images = np.stack([image for image, _ in shapes.generate(2, seed=3, split="test")])
+    pixels = {"pixel_values": pixel_values(images)}
+    kept, host = captioner.encode(pixels, ("cpu", 0)), captioner.encode(pixels)
+    np.testing.assert_array_equal(kept.mask, host.mask)
+    np.testing.assert_allclose(kept.cross[-1].numpy(), host.cross[-1], rtol=0, atol=1e-6)
+
+
+def test_the_engine_hands_the_encoder_output_over_on_the_device(tiny_repository: Path) -> None:
+    """With the cache asking for the encoder's output on its device (``encoder_device``, as on a
+    GPU) the engine decodes the tokens it decodes from numpy arrays (beams and sampling too)."""
+    config, runner, cache = load(tiny_repository / "translator")
+    jobs = translator_jobs()
+
+    def requests():
+        return [GenerationRequest(options=o, source_ids=ids) for ids, o in jobs]
+
+    plain = decode_all(config, runner, cache, requests())
+    cache = load(tiny_repository / "translator")[2]
+    cache.decoder.encoder_device, cache.decoder.host_writes = ("cpu", 0), False
+    encoded = []
+    encode = runner.encode
+    runner.encode = lambda feeds, device=None: encoded.append(device) or encode(feeds, device)
+    on_device = decode_all(config, runner, cache, requests())
+    assert encoded and set(encoded) == {("cpu", 0)}
+    assert [e.tokens for e in on_device] == [e.tokens for e in plain]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     rows=st.integers(1, 5),
