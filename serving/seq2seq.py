@@ -55,6 +55,7 @@ class Seq2SeqRunner:
         """Run the encoder; ``feeds`` are input_ids + attention_mask, or pixel_values. With
         ``device`` (an ONNX Runtime backend's; e.g. ("cuda", 0)) the cross keys and values stay
         there as OrtValues, for a cache on that device: not copied to the host and back."""
+        cross: list[Any]
         if device is None:
             outputs = self.backend.run("encoder", feeds)
             cross = [outputs[name] for name in self.cross_names]
