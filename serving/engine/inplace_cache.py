@@ -145,11 +145,7 @@ class InPlaceKVCache:
         if executor is not None:  # the caller's arrays and the cache's may change meanwhile
             inputs = (inputs[0].copy(), inputs[1].copy(), inputs[2].copy())
         self.lengths[rows] = positions + 1
-        leading = self._leading(rows)
         on_host = not decoder.greedy or batch * self.vocab_size < self.pick_min_logits
-
-        def of_rows(values: np.ndarray) -> np.ndarray:
-            return values[: len(rows)] if leading else values[rows]
 
         def device() -> tuple[np.ndarray, ...]:
             """The device's part: the step, and the pick where the device picks."""
@@ -169,14 +165,15 @@ class InPlaceKVCache:
                 tokens, best = outputs
 
             def fetch() -> np.ndarray:
-                return of_rows(decoder.last_logits() if logits is None else logits)
+                return self._of_rows(decoder.last_logits() if logits is None else logits, rows)
 
-            return GreedyStep(of_rows(tokens), of_rows(best), fetch)
+            return GreedyStep(self._of_rows(tokens, rows), self._of_rows(best, rows), fetch)
 
         if executor is None:
             done = pick(device())
             return lambda: done
-        # only the device's part on the step thread (it holds the GIL least); the pick after
+        # only the device's part on the step thread (it holds the GIL least); the pick (on this
+        # thread, as everything else of the cache's) after
         future = executor.submit(device)
         self.busy = True
 
