@@ -15,7 +15,7 @@ import numpy as np
 
 from contract.graphs import DECODER, DECODER_INPLACE, kv_names, present_name
 from contract.model_config import DecoderSpec
-from serving.backends.base import Backend, BackendError
+from serving.backends.base import Backend
 
 _ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -60,27 +60,15 @@ class Seq2SeqRunner:
             outputs = self.backend.run("encoder", feeds)
             cross = [outputs[name] for name in self.cross_names]
             batch, _, length, _ = cross[0].shape
-        else:
-            cross = self._encode_on(device, feeds)
+        else:  # an ONNX Runtime backend's device (the in-place cache's)
+            run_on_device = self.backend.run_on_device  # type: ignore[attr-defined]
+            cross = run_on_device("encoder", feeds, self.cross_names, device)
             batch, _, length, _ = cross[0].shape()
         if "attention_mask" in feeds:
             mask = np.asarray(feeds["attention_mask"], dtype=np.int64)
         else:  # images: every encoder position is real
             mask = np.ones((batch, length), dtype=np.int64)
         return Encoded(cross, mask)
-
-    def _encode_on(self, device: tuple[str, int], feeds: Mapping[str, np.ndarray]) -> list[Any]:
-        session = self.backend.session("encoder")  # type: ignore[attr-defined]
-        io = session.io_binding()
-        for name, value in feeds.items():
-            io.bind_cpu_input(name, np.ascontiguousarray(value))
-        for name in self.cross_names:
-            io.bind_output(name, device[0], device[1])
-        try:
-            session.run_with_iobinding(io)
-        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
-            raise BackendError(f"encoder graph failed: {err}") from err
-        return list(io.get_outputs())  # in the order bound: self.cross_names'
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         """A zero-length cache for ``batch`` rows."""

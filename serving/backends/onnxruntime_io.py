@@ -53,6 +53,7 @@ from serving.backends.base import BackendError
 from serving.backends.cache_buffers import NUMPY_TYPES, CacheBuffer, Device, cache_buffers
 from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
 from serving.backends.host_memory import CudaHost, pinned_empty
+from serving.backends.onnxruntime import run_bound
 
 INPLACE_GRAPHS = (DECODER_INPLACE, CACHE_COPY, CACHE_WRITE, CACHE_RESIZE)
 
@@ -434,12 +435,7 @@ class InPlaceDecoder:
             buffer.bind(io, written_name(name), rows, output=True)
         self._run(self.resizer, io, CACHE_RESIZE)
 
-    @staticmethod
-    def _run(session: ort.InferenceSession, io: ort.IOBinding, graph: str) -> None:
-        try:
-            session.run_with_iobinding(io)
-        except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
-            raise BackendError(f"{graph} graph failed: {err}") from err
+    _run = staticmethod(run_bound)
 
 
 def on_host(values: np.ndarray | ort.OrtValue) -> np.ndarray:

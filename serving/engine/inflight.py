@@ -633,14 +633,14 @@ class InFlightEngine:
         state, slots = self._state, layout.slots
         if self._ahead is not None:  # started during the last step's bookkeeping
             running, self._ahead = self._ahead, None
-            outputs, seconds = running.wait()
+            outputs, seconds = running.wait()  # from its start, not this iteration's
         else:
             no_eos = done < layout.min_new if layout.any_min_new else None
             outputs = self.cache.step_greedy(layout.rows, input_ids, done, no_eos)
-            seconds = -1.0
+            seconds = None
         self.steps += 1
         now = self.clock()
-        self._observe("compute_time", now - started if seconds < 0 else seconds, "decoder_step")
+        self._observe("compute_time", now - started if seconds is None else seconds, "decoder_step")
         self._observe("batch_size", len(slots), stage="decoder_step")
         eos_id = self.spec.eos_id
         chosen = greedy_decide(
