@@ -1,6 +1,7 @@
 """The engine process's floor: how many classifications per second its event loop can take.
 
     python -m benchmarks.transport_floor [--concurrency 1 32 256] [--duration 3] [--out DIR]
+        [--image-sizes 32 224] [--transports socket shm]
 
 With ``--frontend-workers N`` every request a frontend admits crosses the Unix socket to the one
 engine process, whose event loop decodes it, queues it in the model's dynamic batcher, and sends
@@ -9,10 +10,13 @@ ceiling (the ViT goal is 10,000 images/s). This measures it without a model: an 
 runs the real ``EngineServer`` with a real ``DynamicBatcher`` (max batch 256, no queue delay)
 whose batch function returns at once, and this process drives it through the real
 ``EngineClient`` / ``RemoteBatcher`` (what a frontend runs) with ``--concurrency`` concurrent
-32 × 32 RGB float32 images (the shipped ViT's input), closed loop, for ``--duration`` seconds
-after a warm-up. Writes ``benchmarks/results/transport-floor-*.json``: per concurrency, requests/s,
-p50 / p99 latency, and the CPU time the engine process and this client process spent per
-request (the engine's is what bounds requests/s per engine process: 1 s over it).
+RGB float32 images of each ``--image-sizes`` side (32: the shipped ViT's input; 224: a
+ViT-B/16's), closed loop, for ``--duration`` seconds after a warm-up, each image either in the
+socket's message or in a frontend's shared memory arena of the default size (``--transports``;
+the served frontends choose by size, ``shm.ARENA_MIN_BYTES``). Writes
+``benchmarks/results/transport-floor-*.json``: per point, requests/s, p50 / p99 latency, and the
+CPU time the engine process and this client process spent per request (the engine's is what
+bounds requests/s per engine process: 1 s over it).
 """
 
 from __future__ import annotations
@@ -31,11 +35,14 @@ import numpy as np
 
 from benchmarks.machine import process_cpu_seconds
 from benchmarks.output import write_probe
+from serving.server_config import ServerConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 MODEL = "floor"
 CLASSES = 10
 MAX_BATCH = 256
+TRANSPORTS = ("socket", "shm")
+ARENA_BYTES = ServerConfig().frontend_shm_mb << 20  # a frontend's default arena
 
 
 class _Repository:
@@ -86,14 +93,22 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _drive(
-    path: str, engine_pid: int, concurrency: int, duration: float, warmup: float
+    path: str,
+    engine_pid: int,
+    concurrency: int,
+    duration: float,
+    warmup: float,
+    image_size: int = 32,
+    transport: str = "socket",
 ) -> dict[str, Any]:
     from serving.multiprocess.remote import EngineClient, RemoteBatcher
 
-    client = EngineClient(path, engine_pid)
+    arena = ARENA_BYTES if transport == "shm" else 0
+    client = EngineClient(path, engine_pid, arena_bytes=arena)  # every image in the arena
     await client.start()
     batcher = RemoteBatcher(client, MODEL)
-    image = np.random.default_rng(0).standard_normal((3, 32, 32), dtype=np.float32)
+    shape = (3, image_size, image_size)
+    image = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     latencies: list[float] = []
     measuring = False
 
@@ -116,6 +131,9 @@ async def _drive(
     ordered = sorted(latencies)
     return {
         "concurrency": concurrency,
+        "image_size": image_size,
+        "image_bytes": image.nbytes,
+        "transport": transport,
         "requests": calls,
         "requests_per_s": round(calls / elapsed, 1),
         "p50_ms": round(statistics.median(ordered) * 1000, 3),
@@ -126,8 +144,15 @@ async def _drive(
     }
 
 
-def measure(concurrency: list[int], duration: float, warmup: float) -> list[dict[str, Any]]:
-    """One engine process; each concurrency driven in turn from this process."""
+def measure(
+    concurrency: list[int],
+    duration: float,
+    warmup: float,
+    image_sizes: list[int] = [32],  # noqa: B006 (read only)
+    transports: list[str] = ["socket"],  # noqa: B006 (read only)
+) -> list[dict[str, Any]]:
+    """One engine process; each point (image size, transport, concurrency) driven in turn
+    from this process."""
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="attnserve-floor-") as scratch:
         path = os.path.join(scratch, "engine.sock")
@@ -138,7 +163,12 @@ def measure(concurrency: list[int], duration: float, warmup: float) -> list[dict
             if not ready.wait(60):
                 raise RuntimeError("the floor's engine process did not start in 60 s")
             assert engine.pid is not None
-            return [asyncio.run(_drive(path, engine.pid, c, duration, warmup)) for c in concurrency]
+            return [
+                asyncio.run(_drive(path, engine.pid, c, duration, warmup, size, transport))
+                for size in image_sizes
+                for c in concurrency
+                for transport in transports
+            ]
         finally:
             stop.set()
             engine.join(10)
@@ -151,11 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32, 256])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds before each point")
+    parser.add_argument(
+        "--image-sizes",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="square RGB float32 images of these sides (32: the shipped ViT's, 224: ViT-B's)",
+    )
+    parser.add_argument(
+        "--transports",
+        nargs="+",
+        choices=TRANSPORTS,
+        default=list(TRANSPORTS),
+        help="images in the Unix socket's messages, or in the frontend's shared memory arena",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--tiny", action="store_true", help="short points (CI smoke run)")
     args = parser.parse_args(argv)
     duration, warmup = (0.3, 0.1) if args.tiny else (args.duration, args.warmup)
-    points = measure(args.concurrency, duration, warmup)
+    points = measure(args.concurrency, duration, warmup, args.image_sizes, args.transports)
     write_probe(
         "transport-floor",
         points,
@@ -163,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tiny,
         duration,
         max_batch_size=MAX_BATCH,
-        image="3x32x32 float32",
+        image="3 x size x size float32",
+        arena_bytes=ARENA_BYTES,
     )
     return 0
 

@@ -71,6 +71,12 @@ def _add_serve_parser(subparsers: Any) -> None:
         f"process doing both (default {DEFAULTS.frontend_workers})",
     )
     serve.add_argument(
+        "--frontend-shm-mb",
+        type=int,
+        help="shared memory (MiB) per frontend process for the images it hands the engine "
+        f"process; 0: through the engine's socket (default {DEFAULTS.frontend_shm_mb})",
+    )
+    serve.add_argument(
         "--gc-freeze",
         action=argparse.BooleanOptionalAction,
         default=None,

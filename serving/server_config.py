@@ -29,6 +29,9 @@ class ServerConfig:
     # gRPC frontend processes on the port (SO_REUSEPORT) in front of one engine process; 1 = one
     # process doing both, as a plain grpc.aio server (README: Serving / Processes).
     frontend_workers: int = 1
+    # shared memory (MiB) per frontend process for the arrays it hands the engine process
+    # (images; serving.multiprocess.shm); 0: every array through the engine's socket
+    frontend_shm_mb: int = 32
     # Python's garbage collector once the models are loaded (serving.gc_policy): the start-up
     # heap frozen, so that no collection rescans it; a young threshold (0: Python's 700)
     gc_freeze: bool = True
@@ -48,6 +51,8 @@ class ServerConfig:
             raise ValueError(f"{given} is set but {missing} is not; TLS needs both (or neither)")
         if self.frontend_workers < 1:
             raise ValueError(f"frontend_workers must be >= 1, got {self.frontend_workers}")
+        if self.frontend_shm_mb < 0:
+            raise ValueError(f"frontend_shm_mb must be >= 0 (0: off), got {self.frontend_shm_mb}")
         if self.gc_gen0_threshold < 0:
             raise ValueError(f"gc_gen0_threshold must be >= 0, got {self.gc_gen0_threshold}")
         if self.tls_client_ca and not self.tls_cert:

@@ -14,9 +14,12 @@ step's tokens go to each frontend as three arrays (request ids, tokens, indices)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
+import os
+import socket
 from collections import defaultdict
 from typing import Any
 
@@ -36,12 +39,14 @@ from serving.multiprocess.protocol import (
     options_from,
     tokens_message,
 )
+from serving.multiprocess.shm import ArenaError, ArenaReader, receive_hello
 from serving.repository import ModelRepository
 from serving.served import ServedClassifier, ServedGenerator
 
 log = logging.getLogger(__name__)
 
 Key = tuple[int, int]  # (frontend connection, request id)
+HELLO_TIMEOUT_S = 10.0  # a connection that does not open with a frontend's hello is closed
 
 
 class EngineServer:
@@ -60,30 +65,76 @@ class EngineServer:
             lambda: ([], [])
         )
         self._flush_scheduled = False
-        self._server: asyncio.AbstractServer | None = None
+        self._arenas: dict[int, ArenaReader] = {}
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
 
     async def bind(self) -> None:
         """Listen on the socket (frontends may connect from now on)."""
-        self._server = await asyncio.get_running_loop().create_unix_server(
-            self._connection, self.path
-        )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(socket.SOMAXCONN)
+        listener.setblocking(False)
+        self._listener = listener
+        self._accepting = asyncio.create_task(self._accept(), name="engine-accept")
 
     async def close(self) -> None:
         """Cancel what still runs and close the socket and the connections."""
         for key in [*self._generations, *self._classifications]:
             self._cancel(key)
-        if self._server is not None:
-            self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
         for connection in list(self._frontends.values()):
             connection.close()
 
-    def _connection(self) -> MessageConnection:
+    async def _accept(self) -> None:
+        """Each frontend's connection opens with its hello (``shm``: its tensor arena), read
+        before the event loop's transport takes the socket over."""
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None
+        handshakes: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                sock, _ = await loop.sock_accept(self._listener)
+                task = asyncio.create_task(self._handshake(sock))
+                handshakes.add(task)
+                task.add_done_callback(handshakes.discard)
+        finally:
+            for task in handshakes:
+                task.cancel()
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                arena = await receive_hello(sock)
+        except (TimeoutError, OSError, ArenaError) as err:
+            log.error("a connection to the engine socket without a frontend's hello (%s)", err)
+            sock.close()
+            return
+        try:
+            await loop.connect_accepted_socket(lambda: self._connection(arena), sock)
+        except BaseException:
+            if arena is not None:
+                arena.close()
+            sock.close()
+            raise
+
+    def _connection(self, arena: ArenaReader | None) -> MessageConnection:
         frontend = next(self._connections)
         connection = MessageConnection(
             lambda frames: self._dispatch(frontend, frames), lambda: self._lost(frontend)
         )
         self._frontends[frontend] = connection
         self._sinks[frontend] = FrontendSink(asyncio.get_running_loop(), connection)
+        if arena is not None:
+            self._arenas[frontend] = arena
         return connection
 
     def _lost(self, frontend: int) -> None:
@@ -92,23 +143,31 @@ class EngineServer:
         self._outgoing.pop(frontend, None)
         if (sink := self._sinks.pop(frontend, None)) is not None:
             sink.connection = None
+        if (arena := self._arenas.pop(frontend, None)) is not None:
+            arena.close()
         for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
             self._cancel(key)
 
     def _dispatch(self, frontend: int, frames: Frames) -> None:
+        sink = self._sinks.get(frontend)
+        if sink is not None:
+            sink.read += 1  # its arrays in shared memory are copied out below: the space is free
         try:
-            header, arrays = decode(frames)
+            header, arrays = decode(frames, self._arenas.get(frontend))
             key: Key = (frontend, int(header["id"]))
         except (ProtocolError, KeyError, TypeError, ValueError):
             log.exception("malformed message from a frontend; dropped")
             return
+        if len(arrays) > len(frames) - 1:  # some came out of its arena: say so this loop turn
+            _ = self._outgoing[frontend]  # an entry, even empty, is sent: an "ack"
+            self._schedule_flush()
         kind = header["t"]
         if kind == "cancel":
             self._cancel(key)
         elif kind == "generate" and len(arrays) == 1:
-            self._generate(key, header, np.array(arrays[0]))  # the copy owns its memory
+            self._generate(key, header, _owned(arrays[0]))
         elif kind == "classify" and len(arrays) == 1:
-            self._classify(key, header, np.array(arrays[0]))
+            self._classify(key, header, _owned(arrays[0]))
         else:
             log.error("unknown message %r from a frontend; dropped", kind)
 
@@ -184,6 +243,9 @@ class EngineServer:
             item[2] = len(arrays)
             arrays.append(array)
         items.append(item)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
@@ -192,9 +254,9 @@ class EngineServer:
         self._flush_scheduled = False
         outgoing, self._outgoing = self._outgoing, defaultdict(lambda: ([], []))
         for frontend, (items, arrays) in outgoing.items():
-            connection = self._frontends.get(frontend)
-            if connection is not None:
-                connection.send(encode({"t": "events", "items": items}, arrays))
+            connection, sink = self._frontends.get(frontend), self._sinks.get(frontend)
+            if connection is not None and sink is not None:
+                connection.send(encode({"t": "events", "ack": sink.read, "items": items}, arrays))
 
 
 class FrontendSink(TokenSink):
@@ -203,10 +265,17 @@ class FrontendSink(TokenSink):
     def __init__(self, loop: asyncio.AbstractEventLoop, connection: MessageConnection) -> None:
         self.loop = loop
         self.connection: MessageConnection | None = connection  # None once the frontend left
+        self.read = 0  # messages read from this frontend: every message to it says so ("ack")
 
     def tokens(self, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray) -> None:
         if self.connection is not None:
-            self.connection.send(tokens_message(routes, tokens, indices))
+            self.connection.send(tokens_message(routes, tokens, indices, self.read))
+
+
+def _owned(array: np.ndarray) -> np.ndarray:
+    """``array`` with memory of its own: a frame's view is copied (the message's bytes go
+    away), an array copied out of shared memory already is."""
+    return array if array.flags.owndata else np.array(array)
 
 
 def _serving_error(err: Exception) -> ServingError:

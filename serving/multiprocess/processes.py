@@ -28,6 +28,7 @@ from serving.gc_policy import settle
 from serving.metrics import ServingMetrics
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
+from serving.multiprocess.shm import ARENA_MIN_BYTES
 from serving.multiprocess.titles import ENGINE_TITLE, FRONTEND_TITLE, set_process_title
 from serving.repository import ModelFactory, ModelRepository, RepositoryError
 from serving.served import ServedClassifier, ServedGenerator, ServedModel
@@ -102,7 +103,7 @@ def remote_models(client: EngineClient) -> ModelFactory:
 
 async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
     metrics = ServingMetrics()
-    client = EngineClient(address, engine_pid)
+    client = EngineClient(address, engine_pid, config.frontend_shm_mb << 20, ARENA_MIN_BYTES)
     await client.start()
     try:
         repository = ModelRepository.load(

@@ -2,7 +2,11 @@
 
 A message is a list of frames (``framing`` carries them over the engine's Unix socket): one
 msgpack header frame, then one raw frame per array (its bytes as they lie in memory; dtype and
-shape travel in the header). Nothing is pickled.
+shape travel in the header). An array the frontend put into its shared memory arena (``shm``)
+has no frame: its spec says where it lies (``"shm": offset``). Nothing is pickled.
+
+A connection opens with the frontend's hello (``shm.send_hello``: its arena, if any), then
+messages.
 
 Frontend -> engine (each frontend on a connection of its own):
 
@@ -11,7 +15,8 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``classify``: ``{"t": "classify", "id", "model", "timeout", "arrays": [spec]}`` + the pixels;
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
 
-Engine -> frontend:
+Engine -> frontend (each header has ``"ack"``: how many of this frontend's messages the engine
+has read, whose arrays in shared memory it has copied out):
 
 - ``events``: ``{"t": "events", "items": [[id, kind, payload], ...], "arrays": [...]}`` + array
   frames, every event of one engine loop turn for that frontend in one message. Kinds:
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -48,6 +53,7 @@ from serving.errors import (
     Unavailable,
 )
 from serving.generation.options import DecodingOptions
+from serving.multiprocess.shm import ArenaError, ArenaReader
 
 ERRORS: dict[str, type[ServingError]] = {
     cls.code.name: cls
@@ -75,23 +81,39 @@ def array_spec(array: np.ndarray) -> dict[str, Any]:
     return {"dtype": array.dtype.str, "shape": list(array.shape)}
 
 
-def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[bytes | memoryview]:
-    """The frames of a message: the header (with the arrays' specs) and each array's bytes."""
+def encode(
+    header: dict[str, Any],
+    arrays: Sequence[np.ndarray] = (),
+    place: Callable[[np.ndarray], int | None] | None = None,
+) -> list[bytes | memoryview]:
+    """The frames of a message: the header (with the arrays' specs) and each array's bytes.
+
+    ``place`` may put an array into shared memory instead (``shm.TensorArena``): the offset it
+    returns goes into the array's spec (``"shm"``) and the array has no frame; None: a frame.
+    """
     # np.require keeps 0-d arrays 0-d (np.ascontiguousarray makes them 1-d).
     contiguous = [np.require(a, requirements="C") for a in arrays]
-    frames: list[bytes | memoryview] = [
-        msgpack.packb({**header, "arrays": [array_spec(a) for a in contiguous]})
-    ]
-    frames += [memoryview(a.reshape(-1)).cast("B") for a in contiguous]
-    return frames
+    specs, frames = [], []
+    for a in contiguous:
+        spec = array_spec(a)
+        offset = None if place is None else place(a)
+        if offset is None:
+            frames.append(memoryview(a.reshape(-1)).cast("B"))
+        else:
+            spec["shm"] = offset
+        specs.append(spec)
+    return [msgpack.packb({**header, "arrays": specs}), *frames]
 
 
-def decode(frames: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """Header and arrays of a message (arrays are read-only views of the frames).
+def decode(
+    frames: Sequence[bytes | memoryview], arena: ArenaReader | None = None
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """Header and arrays of a message: read-only views of the frames, and copies of the arrays
+    in shared memory (from ``arena``, the sender's).
 
     Raises:
-        ProtocolError: a header that is not a msgpack map with a type, or array frames that do
-            not match their specs.
+        ProtocolError: a header that is not a msgpack map with a type, array frames that do
+            not match their specs, or an array in shared memory that is not there.
     """
     if not frames:
         raise ProtocolError("empty message")
@@ -102,12 +124,22 @@ def decode(frames: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], list[n
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
         raise ProtocolError("header must be a map with a string 't'")
     specs = header.get("arrays", [])
-    if not isinstance(specs, list) or len(specs) != len(frames) - 1:
+    if not isinstance(specs, list):
+        raise ProtocolError(f"'arrays' must be a list, got {specs!r}")
+    shared = sum(1 for spec in specs if isinstance(spec, dict) and "shm" in spec)
+    if len(specs) - shared != len(frames) - 1:
         raise ProtocolError(f"{len(frames) - 1} array frames for {specs!r}")
-    return header, [_array(spec, frame) for spec, frame in zip(specs, frames[1:], strict=True)]
+    rest = iter(frames[1:])
+    arrays = []
+    for spec in specs:
+        if isinstance(spec, dict) and "shm" in spec:
+            arrays.append(_shared_array(spec, arena))
+        else:
+            arrays.append(_array(spec, next(rest)))
+    return header, arrays
 
 
-def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
+def _spec(spec: Any) -> tuple[np.dtype, tuple[int, ...]]:
     try:
         dtype = np.dtype(spec["dtype"])
         shape = tuple(int(n) for n in spec["shape"])
@@ -115,6 +147,24 @@ def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
         raise ProtocolError(f"bad array spec {spec!r}") from err
     if dtype.hasobject or len(shape) > MAX_ARRAY_DIMS or any(n < 0 for n in shape):
         raise ProtocolError(f"unsupported array spec {spec!r}")
+    return dtype, shape
+
+
+def _shared_array(spec: dict[str, Any], arena: ArenaReader | None) -> np.ndarray:
+    dtype, shape = _spec(spec)
+    if arena is None:
+        raise ProtocolError("an array in shared memory, but the sender has no arena")
+    offset = spec["shm"]
+    if not isinstance(offset, int):
+        raise ProtocolError(f"bad shared memory offset {offset!r}")
+    try:
+        return arena.array(offset, dtype, shape)
+    except ArenaError as err:
+        raise ProtocolError(str(err)) from err
+
+
+def _array(spec: Any, frame: bytes | memoryview) -> np.ndarray:
+    dtype, shape = _spec(spec)
     if math.prod(shape) * dtype.itemsize != len(memoryview(frame)):  # exact (Python ints)
         raise ProtocolError(f"{len(memoryview(frame))} bytes do not hold {spec!r}")
     return np.frombuffer(frame, dtype=dtype).reshape(shape)
@@ -157,11 +207,11 @@ def event_item(request_id: int, event: Event) -> list[Any]:
 
 
 def tokens_message(
-    routes: Sequence[int], tokens: Sequence[int], indices: Sequence[int]
+    routes: Sequence[int], tokens: Sequence[int], indices: Sequence[int], ack: int = 0
 ) -> list[bytes | memoryview]:
-    """The frames of a ``tokens`` message."""
+    """The frames of a ``tokens`` message (``ack``: the frontend's messages read so far)."""
     return encode(
-        {"t": "tokens"},
+        {"t": "tokens", "ack": ack},
         [np.asarray(routes, np.int64), np.asarray(tokens, np.int64), np.asarray(indices, np.int64)],
     )
 

@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ from serving.multiprocess.protocol import (
     options_payload,
     tokens_from,
 )
+from serving.multiprocess.shm import TensorArena, send_hello
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +50,24 @@ class EngineClient:
         address: the engine's Unix socket path.
         engine_pid: the engine process; when it dies (or the connection closes) every waiting
             caller gets UNAVAILABLE.
+        arena_bytes: shared memory for the arrays this frontend sends (``shm``); 0: none, every
+            array travels in the socket.
+        arena_min_bytes: smaller arrays travel in the socket all the same.
     """
 
-    def __init__(self, address: str, engine_pid: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        engine_pid: int | None = None,
+        arena_bytes: int = 0,
+        arena_min_bytes: int = 0,
+    ) -> None:
         self.address = address
         self.engine_pid = engine_pid
+        self.arena_bytes = arena_bytes
+        self.arena_min_bytes = arena_min_bytes
+        self.arena: TensorArena | None = None
+        self._sent = 0  # messages sent; the engine's "ack" counts those it has read
         self.alive = True
         self._ids = itertools.count(1)
         # per request id: a generation's events (channel) or a classification's answer (future)
@@ -71,7 +86,20 @@ class EngineClient:
         """
         self._loop = asyncio.get_running_loop()
         self._connection = MessageConnection(self._receive, self._lost)
-        await self._loop.create_unix_connection(lambda: self._connection, self.address)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await self._loop.sock_connect(sock, self.address)
+            if self.arena_bytes:
+                try:
+                    self.arena = TensorArena(self.arena_bytes)
+                except OSError as err:
+                    log.warning("no shared memory for tensors (%s): they use the socket", err)
+            send_hello(sock, self.arena)
+            await self._loop.create_unix_connection(lambda: self._connection, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
         if self.engine_pid is not None:
             self._tasks.append(asyncio.create_task(self._watch(), name="engine-watch"))
 
@@ -84,6 +112,9 @@ class EngineClient:
                 await task
         if self._connection is not None:
             self._connection.close()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
 
     def open_stream(self) -> tuple[int, EventChannel]:
         """A new request id and the channel its events arrive in (a generation).
@@ -118,7 +149,15 @@ class EngineClient:
         write (one system call here, fewer reads in the engine process), in order."""
         if self._connection is None or self._loop is None:
             return
-        self._outbox.append(encode(header, arrays))
+        self._sent += 1
+        place = None
+        if arrays and self.arena is not None:
+            arena, least, seq = self.arena, max(self.arena_min_bytes, 1), self._sent
+
+            def place(array: np.ndarray) -> int | None:
+                return arena.put(array, seq) if array.nbytes >= least else None
+
+        self._outbox.append(encode(header, arrays, place))
         if len(self._outbox) == 1:
             self._loop.call_soon(self._flush)
 
@@ -135,6 +174,8 @@ class EngineClient:
             log.exception("malformed message from the engine process; dropped")
 
     def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
+        if self.arena is not None and isinstance(ack := header.get("ack"), int):
+            self.arena.release(ack)
         if header.get("t") == "tokens":
             self._route_tokens(arrays)
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -92,7 +93,7 @@ def test_an_engine_client_writes_one_loop_turn_s_messages_at_once_in_order(tmp_p
         loop = asyncio.get_running_loop()
 
         def accept() -> MessageConnection:
-            return MessageConnection(lambda f: ids.append(decode(f)[0]["id"]), lambda: None)
+            return _AfterHello(lambda f: ids.append(decode(f)[0]["id"]), lambda: None)
 
         server = await loop.create_unix_server(accept, str(tmp_path / "e.sock"))
         client = EngineClient(str(tmp_path / "e.sock"))
@@ -121,3 +122,23 @@ def test_an_engine_client_writes_one_loop_turn_s_messages_at_once_in_order(tmp_p
     ids, writes = asyncio.run(main())
     assert ids == list(range(12))
     assert writes == [4, 4, 4]
+
+
+class _AfterHello(MessageConnection):
+    """A connection that skips a frontend's hello (``shm.send_hello``: no arena, no descriptor)
+    and reads messages after it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._hello = b""
+
+    def data_received(self, data: bytes) -> None:
+        from serving.multiprocess.shm import HELLO, MAGIC
+
+        if len(self._hello) < HELLO.size:
+            need = HELLO.size - len(self._hello)
+            self._hello, data = self._hello + data[:need], data[need:]
+            if len(self._hello) == HELLO.size:
+                assert HELLO.unpack(self._hello) == (MAGIC, 0)
+        if data:
+            super().data_received(data)
