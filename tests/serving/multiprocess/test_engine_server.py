@@ -37,6 +37,24 @@ def slow_steps(cache: Any, seconds: float = 0.02) -> None:
         setattr(cache, name, slowed)
 
 
+async def classifier_server(
+    repository: Path, tmp_path: Path, run_batch: Any, max_batch_size: int
+) -> tuple[DynamicBatcher, EngineServer]:
+    """An engine server whose ``vit`` batches with ``run_batch`` (started, bound)."""
+    entry = repository / "vit"
+    settings = DynamicBatching(
+        max_batch_size=max_batch_size, max_queue_delay_us=0, timeout_ms=30_000
+    )
+    batcher = DynamicBatcher("vit", run_batch, settings)
+    model = ServedClassifier(
+        read_model_config(entry), resolve_version(entry), None, batcher=batcher
+    )
+    await batcher.start()
+    server = EngineServer(ModelRepository({"vit": model}), str(tmp_path / "engine.sock"))
+    await server.bind()
+    return batcher, server
+
+
 def test_a_closed_frontend_connection_cancels_its_requests(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
@@ -91,15 +109,7 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
         return [np.zeros(10, np.float32) for _ in items]
 
     async def main() -> tuple[int, int, int]:
-        entry = tiny_repository / "vit"
-        settings = DynamicBatching(max_batch_size=1, max_queue_delay_us=0, timeout_ms=30_000)
-        batcher = DynamicBatcher("vit", run_batch, settings)
-        model = ServedClassifier(
-            read_model_config(entry), resolve_version(entry), None, batcher=batcher
-        )
-        await batcher.start()
-        server = EngineServer(ModelRepository({"vit": model}), str(tmp_path / "engine.sock"))
-        await server.bind()
+        batcher, server = await classifier_server(tiny_repository, tmp_path, run_batch, 1)
         client = EngineClient(server.path)
         await client.start()
         remote = RemoteBatcher(client, "vit")

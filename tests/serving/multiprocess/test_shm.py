@@ -16,9 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract.model_config import DynamicBatching
-from contract.repository import read_model_config, resolve_version
-from serving.batching import DynamicBatcher
+from contract.repository import read_model_config
 from serving.engine.requests import FinishEvent, GenerationRequest
 from serving.generation.options import DecodingOptions
 from serving.multiprocess.engine_server import EngineServer
@@ -34,7 +32,7 @@ from serving.multiprocess.shm import (
     send_hello,
 )
 from serving.repository import ModelRepository
-from serving.served import ServedClassifier
+from tests.serving.multiprocess.test_engine_server import classifier_server
 
 # a script for the ring: put arrays of these many bytes, or let the engine read up to a message
 STEPS = st.lists(
@@ -258,15 +256,7 @@ def test_the_engine_frees_the_arena_before_it_answers(
         return [np.full(10, float(item.mean()), np.float32) for item in items]
 
     async def main() -> tuple[int, bool, list[float]]:
-        entry = tiny_repository / "vit"
-        settings = DynamicBatching(max_batch_size=4, max_queue_delay_us=0, timeout_ms=30_000)
-        batcher = DynamicBatcher("vit", run_batch, settings)
-        model = ServedClassifier(
-            read_model_config(entry), resolve_version(entry), None, batcher=batcher
-        )
-        await batcher.start()
-        server = EngineServer(ModelRepository({"vit": model}), str(tmp_path / "engine.sock"))
-        await server.bind()
+        batcher, server = await classifier_server(tiny_repository, tmp_path, run_batch, 4)
         client = EngineClient(server.path, arena_bytes=1 << 20, arena_min_bytes=16384)
         await client.start()
         assert client.arena is not None
