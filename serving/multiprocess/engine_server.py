@@ -1,7 +1,9 @@
 """The engine process's side of the socket: frontends' requests run on this process's models.
 
 Frontends connect to the engine's Unix socket (``framing``: multi-frame messages read and written
-by the event loop itself); a frontend whose connection closes has its requests cancelled.
+by the event loop itself); a frontend whose connection closes has its requests cancelled. A
+connection opens with the frontend's hello, which may hand over its shared memory arena for
+large arrays (``shm``); every message back says how many of its messages were read ("ack").
 
 Every generation becomes a ``GenerationRequest`` on the model's in-flight engine, every image a
 submission to the classifier's dynamic batcher, exactly as in a single-process server. The
