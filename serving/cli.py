@@ -68,7 +68,7 @@ def _add_serve_parser(subparsers: Any) -> None:
         "--frontend-workers",
         type=int,
         help="gRPC frontend processes on the port in front of one engine process; 1 = one "
-        f"process doing both (default {DEFAULTS.frontend_workers})",
+        "process doing both; 0 (the default) = 1 below 8 CPUs, else half the CPUs, at most 8",
     )
     serve.add_argument(
         "--frontend-shm-mb",
@@ -138,12 +138,12 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
 # --- serve --------------------------------------------------------------------------------------
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server and block until SIGTERM / SIGINT, then drain."""
-    from serving.server_config import load_server_config
+    from serving.server_config import load_server_config, resolved
 
     overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
     if overrides.get("models"):
         overrides["models"] = tuple(overrides["models"])
-    config = load_server_config(args.config, overrides)
+    config = resolved(load_server_config(args.config, overrides))
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(message)s")
     if args.config is None and args.repository is None:
         ensure_shipped_repository(Path(config.repository))
