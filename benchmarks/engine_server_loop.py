@@ -197,8 +197,7 @@ def measure(
                         server, engine, address, n, frontends, duration, warmup, device, spread
                     )
                 finally:
-                    await server.close()
-                    os.unlink(address)
+                    await server.close()  # removes the socket file: the next point binds anew
 
             for n in streams:
                 points.append(asyncio.run(run(n)))

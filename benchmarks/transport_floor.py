@@ -126,6 +126,7 @@ async def _drive(
     elapsed = time.perf_counter() - started
     engine_cpu = _cpu_seconds(engine_pid) - engine_cpu
     own_cpu = time.process_time() - own_cpu
+    placed = 0 if client.arena is None else client.arena.placed  # images that went through it
     await client.close()
     calls = len(latencies)
     ordered = sorted(latencies)
@@ -134,6 +135,7 @@ async def _drive(
         "image_size": image_size,
         "image_bytes": image.nbytes,
         "transport": transport,
+        "arena_images": placed,
         "requests": calls,
         "requests_per_s": round(calls / elapsed, 1),
         "p50_ms": round(statistics.median(ordered) * 1000, 3),
