@@ -30,16 +30,22 @@ import numpy as np
 from serving.batching.dynamic import DynamicBatcher, Ticket
 from serving.engine.inflight import InFlightEngine
 from serving.engine.pool import EnginePool
-from serving.engine.requests import ErrorEvent, Event, FinishEvent, GenerationRequest, TokenSink
+from serving.engine.requests import (
+    Columns,
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    GenerationRequest,
+    TokenSink,
+)
 from serving.errors import Internal, InvalidArgument, ServingError
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
     decode,
-    encode,
     event_item,
+    events_message,
     options_from,
-    tokens_message,
 )
 from serving.multiprocess.shm import ArenaError, ArenaReader, receive_hello
 from serving.repository import ModelRepository
@@ -63,9 +69,7 @@ class EngineServer:
         self._connections = itertools.count(1)
         self._generations: dict[Key, GenerationRequest] = {}
         self._classifications: dict[Key, Ticket[np.ndarray]] = {}
-        self._outgoing: dict[int, tuple[list[Any], list[np.ndarray]]] = defaultdict(
-            lambda: ([], [])
-        )
+        self._outgoing: dict[int, _Outgoing] = defaultdict(_Outgoing)
         self._flush_scheduled = False
         self._arenas: dict[int, ArenaReader] = {}
         self._listener: socket.socket | None = None
@@ -134,7 +138,7 @@ class EngineServer:
             lambda frames: self._dispatch(frontend, frames), lambda: self._lost(frontend)
         )
         self._frontends[frontend] = connection
-        self._sinks[frontend] = FrontendSink(asyncio.get_running_loop(), connection)
+        self._sinks[frontend] = FrontendSink(asyncio.get_running_loop(), self, frontend)
         if arena is not None:
             self._arenas[frontend] = arena
         return connection
@@ -143,8 +147,7 @@ class EngineServer:
         """A frontend went away: its requests stop, freeing their rows."""
         self._frontends.pop(frontend, None)
         self._outgoing.pop(frontend, None)
-        if (sink := self._sinks.pop(frontend, None)) is not None:
-            sink.connection = None
+        self._sinks.pop(frontend, None)
         if (arena := self._arenas.pop(frontend, None)) is not None:
             arena.close()
         for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
@@ -240,12 +243,19 @@ class EngineServer:
 
     def _post(self, key: Key, item: list[Any], array: np.ndarray | None = None) -> None:
         """Queue an event for the frontend; one message per frontend per loop turn."""
-        items, arrays = self._outgoing[key[0]]
+        out = self._outgoing[key[0]]
         if array is not None:
-            item[2] = len(arrays)
-            arrays.append(array)
-        items.append(item)
+            item[2] = len(out.arrays)
+            out.arrays.append(array)
+        out.items.append(item)
         self._schedule_flush()
+
+    def post_tokens(self, frontend: int, columns: Columns) -> None:
+        """A decode step's tokens for the frontend: in this loop turn's message, before its
+        events (a stream's finish comes after its last token)."""
+        if frontend in self._frontends:
+            self._outgoing[frontend].tokens.append(columns)
+            self._schedule_flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -253,25 +263,44 @@ class EngineServer:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        """One ``events`` message per frontend: what this loop turn gathered for it."""
         self._flush_scheduled = False
-        outgoing, self._outgoing = self._outgoing, defaultdict(lambda: ([], []))
-        for frontend, (items, arrays) in outgoing.items():
+        outgoing, self._outgoing = self._outgoing, defaultdict(_Outgoing)
+        for frontend, out in outgoing.items():
             connection, sink = self._frontends.get(frontend), self._sinks.get(frontend)
             if connection is not None and sink is not None:
-                connection.send(encode({"t": "events", "ack": sink.read, "items": items}, arrays))
+                connection.send(events_message(out.items, out.arrays, out.joined(), sink.read))
+
+
+class _Outgoing:
+    """What one loop turn has for one frontend: event items, their arrays, token columns."""
+
+    __slots__ = ("arrays", "items", "tokens")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.arrays: list[np.ndarray] = []
+        self.tokens: list[Columns] = []
+
+    def joined(self) -> Columns | None:
+        if len(self.tokens) <= 1:
+            return self.tokens[0] if self.tokens else None
+        return tuple(np.concatenate(column) for column in zip(*self.tokens, strict=True))  # type: ignore[return-value]
 
 
 class FrontendSink(TokenSink):
-    """A decode step's tokens for one frontend's requests, sent as one ``tokens`` message."""
+    """A decode step's tokens for one frontend's requests, into its next ``events`` message."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, connection: MessageConnection) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, server: EngineServer, frontend: int
+    ) -> None:
         self.loop = loop
-        self.connection: MessageConnection | None = connection  # None once the frontend left
+        self.server = server
+        self.frontend = frontend
         self.read = 0  # messages read from this frontend: every message to it says so ("ack")
 
     def tokens(self, routes: np.ndarray, tokens: np.ndarray, indices: np.ndarray) -> None:
-        if self.connection is not None:
-            self.connection.send(tokens_message(routes, tokens, indices, self.read))
+        self.server.post_tokens(self.frontend, (routes, tokens, indices))
 
 
 def _owned(array: np.ndarray) -> np.ndarray:

@@ -18,13 +18,13 @@ Frontend -> engine (each frontend on a connection of its own):
 Engine -> frontend (each header has ``"ack"``: how many of this frontend's messages the engine
 has read, whose arrays in shared memory it has copied out):
 
-- ``events``: ``{"t": "events", "items": [[id, kind, payload], ...], "arrays": [...]}`` + array
-  frames, every event of one engine loop turn for that frontend in one message. Kinds:
-  ``token`` ([token_id, index]), ``finish`` (FinishEvent fields), ``error`` ([status name,
-  message]), ``result`` (index of the array frame holding a classifier's probabilities);
-- ``tokens``: ``{"t": "tokens", "arrays": [...]}`` + three int64 frames of equal length: request
-  ids, token ids, output indices: one decode step's tokens for that frontend's streams (a
-  stream's finish follows in a later ``events`` message).
+- ``events``: ``{"t": "events", "ack", "items": [[id, kind, payload], ...], "tokens": true?,
+  "arrays": [...]}`` + array frames: everything one engine loop turn has for that frontend, in
+  one message. Item kinds: ``token`` ([token_id, index]), ``finish`` (FinishEvent fields),
+  ``error`` ([status name, message]), ``result`` (index of the array frame holding a
+  classifier's probabilities). With ``tokens`` the last three arrays are int64 columns of equal
+  length, request ids, token ids and output indices: the decode steps' tokens for that
+  frontend's streams, which come before the items (a stream's finish after its last token).
 
 Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
 """
@@ -206,14 +206,19 @@ def event_item(request_id: int, event: Event) -> list[Any]:
     return [request_id, "error", [code, str(error)]]
 
 
-def tokens_message(
-    routes: Sequence[int], tokens: Sequence[int], indices: Sequence[int], ack: int = 0
+def events_message(
+    items: list[Any],
+    arrays: Sequence[np.ndarray] = (),
+    tokens: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ack: int = 0,
 ) -> list[bytes | memoryview]:
-    """The frames of a ``tokens`` message (``ack``: the frontend's messages read so far)."""
-    return encode(
-        {"t": "tokens", "ack": ack},
-        [np.asarray(routes, np.int64), np.asarray(tokens, np.int64), np.asarray(indices, np.int64)],
-    )
+    """The frames of an ``events`` message: ``items`` (whose ``result`` payloads index
+    ``arrays``), a decode step's ``tokens`` columns (request ids, tokens, output indices) after
+    the arrays, and ``ack``: how many of the frontend's messages the engine has read."""
+    if tokens is None:
+        return encode({"t": "events", "ack": ack, "items": items}, arrays)
+    columns = [np.asarray(column, np.int64) for column in tokens]
+    return encode({"t": "events", "ack": ack, "items": items, "tokens": True}, [*arrays, *columns])
 
 
 def tokens_from(arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:

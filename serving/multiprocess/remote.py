@@ -176,9 +176,8 @@ class EngineClient:
     def _route(self, header: dict[str, Any], arrays: list[np.ndarray]) -> None:
         if self.arena is not None and isinstance(ack := header.get("ack"), int):
             self.arena.release(ack)
-        if header.get("t") == "tokens":
-            self._route_tokens(arrays)
-            return
+        if header.get("tokens"):
+            self._route_tokens(arrays[-3:])
         for request_id, kind, payload in header.get("items", []):
             waiter = self._waiting.get(request_id)
             if waiter is None:  # the caller went away; its cancel is on its way

@@ -9,7 +9,7 @@ import numpy as np
 
 from serving.engine.requests import ErrorEvent, FinishEvent, TokenEvent
 from serving.errors import Internal, Unavailable
-from serving.multiprocess.protocol import encode, tokens_message
+from serving.multiprocess.protocol import encode, events_message
 from serving.multiprocess.remote import ENGINE_GONE, EngineClient
 
 
@@ -52,17 +52,20 @@ def test_streams_open_when_the_engine_goes_end_unavailable() -> None:
     assert isinstance(event, ErrorEvent) and isinstance(event.error, Unavailable)
 
 
-def test_a_tokens_message_reaches_its_streams_and_a_malformed_one_is_dropped() -> None:
+def test_a_steps_tokens_reach_their_streams_and_a_malformed_message_is_dropped() -> None:
     async def main() -> tuple[list, list, bool]:
         client = EngineClient("/nonexistent.sock")
         (first, first_events), (second, second_events) = client.open_stream(), client.open_stream()
         call, answer = client.open_call()
         # a step's tokens: both streams, a caller that went away, a classification's id
-        client._receive(tokens_message([first, 999, second, call], [7, 1, 4, 2], [0, 0, 0, 0]))
-        client._receive(encode({"t": "tokens"}, [np.zeros(2, np.int64)]))  # logged, dropped
-        client._receive(tokens_message([second, first], [5, 8], [1, 1]))
+        client._receive(events_message([], [], ([first, 999, second, call], [7, 1, 4, 2], [0] * 4)))
+        malformed = encode({"t": "events", "items": [], "tokens": True}, [np.zeros(2, np.int64)])
+        client._receive(malformed)  # logged, dropped
         finish = {"reason": "length", "tokens": [7, 8], "score": None, "alternatives": []}
-        client._route({"t": "events", "items": [[first, "finish", finish]]}, [])
+        # the next step's tokens, then (same message) the first stream's finish
+        client._receive(
+            events_message([[first, "finish", finish]], [], ([second, first], [5, 8], [1, 1]))
+        )
         return await first_events.chunk(), await second_events.chunk(), answer.done()
 
     first, second, answered = asyncio.run(main())

@@ -139,12 +139,13 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
     assert batches == 1  # the withdrawn ones never ran
 
 
-def test_a_steps_tokens_reach_a_frontend_as_one_tokens_message(
+def test_a_steps_tokens_and_events_reach_a_frontend_in_one_message(
     tiny_repository: Path, tmp_path: Path
 ) -> None:
-    """Streams decoding together: their tokens come from the engine process as ``tokens``
-    messages, each holding several streams' tokens; every stream's tokens equal its finish's."""
-    kinds: list[tuple[str, int]] = []
+    """Streams decoding together: their tokens come from the engine process in ``events``
+    messages, each holding several streams' tokens, the last step's with the streams' finishes;
+    every stream's tokens equal its finish's."""
+    kinds: list[tuple[int, int]] = []  # (tokens, items) per message
 
     async def main() -> list[list]:
         repository = ModelRepository.load(tiny_repository, names=("translator",))
@@ -156,7 +157,8 @@ def test_a_steps_tokens_reach_a_frontend_as_one_tokens_message(
         route = client._route
 
         def recording(header: dict, arrays: list) -> None:
-            kinds.append((header["t"], len(arrays[0]) if header["t"] == "tokens" else 0))
+            tokens = len(arrays[-1]) if header.get("tokens") else 0
+            kinds.append((tokens, len(header["items"])))
             route(header, arrays)
 
         client._route = recording  # type: ignore[method-assign]
@@ -177,6 +179,8 @@ def test_a_steps_tokens_reach_a_frontend_as_one_tokens_message(
     for *tokens, finish in streams:
         assert [t.token_id for t in tokens] == finish.tokens and len(finish.tokens) == 12
         assert [t.index for t in tokens] == list(range(12))
-    per_message = [n for kind, n in kinds if kind == "tokens"]
+    per_message = [tokens for tokens, _ in kinds]
     assert sum(per_message) == 4 * 12
     assert max(per_message) > 1  # a step's tokens of several streams in one message
+    assert sum(items for _, items in kinds) == 4  # the finishes
+    assert any(tokens and items for tokens, items in kinds)  # a last step's tokens and finishes

@@ -19,10 +19,10 @@ from serving.multiprocess.protocol import (
     encode,
     event_from,
     event_item,
+    events_message,
     options_from,
     options_payload,
     tokens_from,
-    tokens_message,
 )
 
 DTYPES = st.sampled_from([np.int64, np.int32, np.float32, np.float16, np.float64, np.uint8])
@@ -118,14 +118,28 @@ INT64 = st.integers(-(2**63), 2**63 - 1)
 
 
 @settings(max_examples=200, deadline=None)
-@given(items=st.lists(st.tuples(INT64, INT64, INT64), max_size=300))
-def test_tokens_messages_round_trip(items: list[tuple[int, int, int]]) -> None:
+@given(
+    items=st.lists(st.tuples(INT64, INT64, INT64), max_size=300),
+    results=st.lists(ARRAYS, max_size=3),
+    ack=st.integers(0, 2**40),
+)
+def test_events_messages_carry_tokens_after_their_arrays(
+    items: list[tuple[int, int, int]], results: list[np.ndarray], ack: int
+) -> None:
+    """A decode step's token columns ride in the loop turn's ``events`` message, after the
+    items' arrays; the items' ``result`` indices still point at their own arrays."""
     routes, tokens, indices = (
         (list(column) for column in zip(*items, strict=True)) if items else ([], [], [])
     )
-    header, arrays = decode([bytes(f) for f in tokens_message(routes, tokens, indices)])
-    assert header["t"] == "tokens"
-    assert tokens_from(arrays) == items
+    answers = [[7, "result", i] for i in range(len(results))]
+    frames = events_message(answers, results, (routes, tokens, indices), ack)
+    header, arrays = decode([bytes(f) for f in frames])
+    assert (header["t"], header["ack"], header["tokens"]) == ("events", ack, True)
+    assert tokens_from(arrays[-3:]) == items
+    for _, _, index in header["items"]:
+        np.testing.assert_array_equal(arrays[index], results[index])
+    plain, _ = decode([bytes(f) for f in events_message(answers, results, None, ack)])
+    assert "tokens" not in plain
 
 
 @pytest.mark.parametrize(
@@ -139,4 +153,4 @@ def test_tokens_messages_round_trip(items: list[tuple[int, int, int]]) -> None:
 )
 def test_malformed_tokens_messages_are_refused(arrays: list[np.ndarray]) -> None:
     with pytest.raises(ProtocolError):
-        tokens_from(decode([bytes(f) for f in encode({"t": "tokens"}, arrays)])[1])
+        tokens_from(decode([bytes(f) for f in encode({"t": "events"}, arrays)])[1])
