@@ -9,7 +9,7 @@ Every generation becomes a ``GenerationRequest`` on the model's in-flight engine
 submission to the classifier's dynamic batcher, exactly as in a single-process server. The
 events a loop turn produces for one frontend leave as one message (the decode loop already wakes
 this loop once per step), so the messaging cost per step does not grow with the streams. A
-step's tokens go to each frontend as three arrays (request ids, tokens, indices) from a
+step's tokens go into that message as three arrays (request ids, tokens, indices) from a
 ``FrontendSink``: no event object, list item or msgpack entry per token here.
 """
 

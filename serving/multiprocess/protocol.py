@@ -222,7 +222,7 @@ def events_message(
 
 
 def tokens_from(arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:
-    """(request id, token, index) of each token a ``tokens`` message carries.
+    """(request id, token, index) of each token of an ``events`` message's token columns.
 
     Raises:
         ProtocolError: not three one-dimensional integer arrays of one length.
@@ -232,7 +232,7 @@ def tokens_from(arrays: Sequence[np.ndarray]) -> list[tuple[int, int, int]]:
         or any(a.ndim != 1 or a.dtype.kind not in "iu" for a in arrays)
         or not len(arrays[0]) == len(arrays[1]) == len(arrays[2])
     ):
-        raise ProtocolError("a tokens message holds three 1-d integer arrays of one length")
+        raise ProtocolError("a step's tokens are three 1-d integer arrays of one length")
     return list(zip(arrays[0].tolist(), arrays[1].tolist(), arrays[2].tolist(), strict=True))
 
 
