@@ -81,6 +81,7 @@ ACTIVE_SEQUENCES = "attnserve_active_sequences"
 KV_CACHE_USAGE = "attnserve_kv_cache_usage_ratio"
 KV_CACHE_TOKENS = "attnserve_kv_cache_tokens"
 QUEUE_DEPTH = "attnserve_queue_depth"
+FRONTEND_LARGE_ARRAYS = "attnserve_frontend_large_arrays_total"
 
 # Every metric name as declared (and as dashboards query it, before any _bucket/_sum/_count).
 METRIC_NAMES: tuple[str, ...] = (
@@ -194,6 +195,13 @@ class ServingMetrics:
             ["model"],
             registry=reg,
             multiprocess_mode="livesum",
+        )
+        self.frontend_large_arrays = Counter(
+            FRONTEND_LARGE_ARRAYS,
+            "Arrays of 16 KB and more (images) frontend processes handed the engine process, by "
+            "path: shared_memory, or socket (the frontend's arena full, or off).",
+            ["path"],
+            registry=reg,
         )
 
     def _declare_generation_metrics(self, reg: CollectorRegistry) -> None:

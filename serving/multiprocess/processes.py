@@ -103,7 +103,9 @@ def remote_models(client: EngineClient) -> ModelFactory:
 
 async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
     metrics = ServingMetrics()
-    client = EngineClient(address, engine_pid, config.frontend_shm_mb << 20, ARENA_MIN_BYTES)
+    client = EngineClient(
+        address, engine_pid, config.frontend_shm_mb << 20, ARENA_MIN_BYTES, metrics
+    )
     await client.start()
     try:
         repository = ModelRepository.load(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -25,6 +26,7 @@ from serving.engine.requests import (
     TokenEvent,
 )
 from serving.errors import Internal, Unavailable
+from serving.metrics import ServingMetrics
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
@@ -53,6 +55,7 @@ class EngineClient:
         arena_bytes: shared memory for the arrays this frontend sends (``shm``); 0: none, every
             array travels in the socket.
         arena_min_bytes: smaller arrays travel in the socket all the same.
+        metrics: where the larger arrays are counted by the way they went.
     """
 
     def __init__(
@@ -61,12 +64,21 @@ class EngineClient:
         engine_pid: int | None = None,
         arena_bytes: int = 0,
         arena_min_bytes: int = 0,
+        metrics: ServingMetrics | None = None,
     ) -> None:
         self.address = address
         self.engine_pid = engine_pid
         self.arena_bytes = arena_bytes
         self.arena_min_bytes = arena_min_bytes
         self.arena: TensorArena | None = None
+        self._large = (
+            None
+            if metrics is None
+            else tuple(  # by "went through the socket": False, True
+                metrics.frontend_large_arrays.labels(path=path)
+                for path in ("shared_memory", "socket")
+            )
+        )
         self._sent = 0  # messages sent; the engine's "ack" counts those it has read
         self.alive = True
         self._ids = itertools.count(1)
@@ -150,16 +162,19 @@ class EngineClient:
         if self._connection is None or self._loop is None:
             return
         self._sent += 1
-        place = None
-        if arrays and self.arena is not None:
-            arena, least, seq = self.arena, max(self.arena_min_bytes, 1), self._sent
-
-            def place(array: np.ndarray) -> int | None:
-                return arena.put(array, seq) if array.nbytes >= least else None
-
+        place = functools.partial(self._place, seq=self._sent) if arrays else None
         self._outbox.append(encode(header, arrays, place))
         if len(self._outbox) == 1:
             self._loop.call_soon(self._flush)
+
+    def _place(self, array: np.ndarray, seq: int) -> int | None:
+        """Where a large array of message ``seq`` lies in the arena; None: in the socket."""
+        if array.nbytes < max(self.arena_min_bytes, 1):
+            return None
+        offset = None if self.arena is None else self.arena.put(array, seq)
+        if self._large is not None:
+            self._large[offset is None].inc()
+        return offset
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []

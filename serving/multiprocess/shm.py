@@ -103,9 +103,11 @@ class TensorArena:
             live.popleft()
 
     def close(self) -> None:
-        del self._buffer
-        self._map.close()
-        os.close(self.fd)
+        """Unmap and close the file (the engine's mapping keeps its pages until it closes)."""
+        if not self._map.closed:
+            del self._buffer
+            self._map.close()
+            os.close(self.fd)
 
 
 class ArenaReader:
@@ -131,8 +133,9 @@ class ArenaReader:
         return self._buffer[offset : offset + nbytes].view(dtype).reshape(shape).copy()
 
     def close(self) -> None:
-        del self._buffer
-        self._map.close()
+        if not self._map.closed:
+            del self._buffer
+            self._map.close()
 
 
 def send_hello(sock: socket.socket, arena: TensorArena | None) -> None:

@@ -91,8 +91,16 @@ def kserve_answers(channel: grpc.Channel, digit: bytes) -> list[object]:
 
 
 def test_two_frontends_answer_as_one_process(servers) -> None:
+    """Every call alike; the captioner's images (3 x 48 x 48 float32, 27 KB) reached the engine
+    process through the frontends' shared memory, the ViT's (12 KB) through the socket."""
     single, multi = servers
+    url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
+    name = "attnserve_frontend_large_arrays_total"
+    before = sample(scrape(url), name, path="shared_memory")
     assert answers(multi.address) == answers(single.address)
+    metrics = scrape(url)
+    assert sample(metrics, name, path="shared_memory") >= before + len(TEXTS)  # one caption each
+    assert sample(metrics, name, path="socket") == 0  # the arena had room for every one
 
 
 def test_each_process_is_named_for_ps(servers) -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from contract.repository import read_model_config
 from serving.engine.requests import FinishEvent, GenerationRequest
 from serving.generation.options import DecodingOptions
+from serving.metrics import FRONTEND_LARGE_ARRAYS, ServingMetrics
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.protocol import ProtocolError, decode, encode
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
@@ -134,6 +135,8 @@ def test_a_reader_refuses_arrays_outside_its_arena() -> None:
     finally:
         reader.close()
         arena.close()
+    reader.close()  # a second close (a connection lost while its handshake failed) is harmless
+    arena.close()
 
 
 def test_a_hello_hands_the_arena_over_and_leaves_what_follows_in_the_socket() -> None:
@@ -200,7 +203,10 @@ def test_served_answers_are_the_same_through_the_arena_and_the_socket(
         await server.bind()
         results = []
         for arena_bytes in (0, 1 << 20, 40_000):  # 40 kB: three 12 kB images at a time
-            client = EngineClient(server.path, arena_bytes=arena_bytes, arena_min_bytes=8192)
+            metrics = ServingMetrics()
+            client = EngineClient(
+                server.path, arena_bytes=arena_bytes, arena_min_bytes=8192, metrics=metrics
+            )
             await client.start()
             batcher = RemoteBatcher(client, vit.name)
             engine = RemoteEngine(client, "captioner", 8)
@@ -216,6 +222,11 @@ def test_served_answers_are_the_same_through_the_arena_and_the_socket(
             arena = client.arena
             assert arena is None or arena.used == 0  # every answer in: every array read
             use = None if arena is None else (arena.placed, arena.missed)
+            counted = tuple(
+                metrics.registry.get_sample_value(FRONTEND_LARGE_ARRAYS, {"path": path})
+                for path in ("shared_memory", "socket")
+            )
+            assert counted == (use or (0, 54))  # without an arena every image took the socket
             results.append((probabilities, captions, use))
             await client.close()
         await server.close()
