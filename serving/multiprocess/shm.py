@@ -50,6 +50,8 @@ class TensorArena:
         if size < ALIGN:
             raise ValueError(f"an arena needs at least {ALIGN} bytes, got {size}")
         self.size = size
+        if not hasattr(os, "memfd_create"):
+            raise OSError("this system has no memfd_create (Linux has)")
         self.fd = os.memfd_create("attnserve-tensors", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, size)

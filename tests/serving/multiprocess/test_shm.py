@@ -292,3 +292,30 @@ def test_the_engine_frees_the_arena_before_it_answers(
     assert held >= 3 * 3 * 64 * 64 * 4  # the three images were in the arena
     assert freed_unanswered
     assert answers == [0.0, 1.0, 2.0]  # each answer from its own image
+
+
+def test_without_memfd_the_frontend_sends_through_the_socket(
+    tiny_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A system without ``memfd_create``: the frontend warns, connects without an arena, and
+    its images take the socket (counted so)."""
+    monkeypatch.delattr(os, "memfd_create")
+
+    def run_batch(items: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.full(10, float(item.mean()), np.float32) for item in items]
+
+    async def main() -> tuple[bool, float, float | None]:
+        batcher, server = await classifier_server(tiny_repository, tmp_path, run_batch, 4)
+        metrics = ServingMetrics()
+        client = EngineClient(
+            server.path, arena_bytes=1 << 20, arena_min_bytes=16384, metrics=metrics
+        )
+        await client.start()
+        answer = await RemoteBatcher(client, "vit").submit(np.full((3, 64, 64), 5, np.float32))
+        counted = metrics.registry.get_sample_value(FRONTEND_LARGE_ARRAYS, {"path": "socket"})
+        await client.close()
+        await server.close()
+        await batcher.stop()
+        return client.arena is None, float(answer[0]), counted
+
+    assert asyncio.run(main()) == (True, 5.0, 1.0)
