@@ -52,8 +52,9 @@ def reader_of(arena: TensorArena) -> ArenaReader:
 @settings(max_examples=150, deadline=None)
 @given(steps=STEPS, size=st.integers(ALIGN, 8192))
 def test_the_ring_never_overwrites_an_unread_array(steps: list[tuple[str, int]], size: int) -> None:
-    """Live arrays never overlap and read back intact until released; the ring refuses only
-    what does not fit, and an emptied ring takes any array that fits the arena."""
+    """Live arrays never overlap, lie inside the arena on a cache line, and read back intact
+    until released; an emptied ring takes any array that fits the arena; every array is
+    placed or refused, and nothing is held once all are released."""
     arena = TensorArena(size)
     reader = reader_of(arena)
     live: dict[int, tuple[int, np.ndarray]] = {}  # seq -> (offset, what was written)
