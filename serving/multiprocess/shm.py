@@ -158,12 +158,17 @@ async def receive_hello(sock: socket.socket) -> ArenaReader | None:
         ArenaError: the peer does not open with a hello.
         OSError: the peer closed first, or the arena cannot be mapped.
     """
-    data, fds = b"", []
+    data, fds = b"", list[int]()
     loop = asyncio.get_running_loop()
+
+    def ready(future: asyncio.Future[None]) -> None:
+        if not future.done():
+            future.set_result(None)
+
     try:
         while len(data) < HELLO.size:
-            readable = loop.create_future()
-            loop.add_reader(sock.fileno(), lambda f=readable: f.done() or f.set_result(None))
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(sock.fileno(), ready, readable)
             try:
                 await readable
             finally:
