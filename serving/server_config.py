@@ -92,7 +92,7 @@ def cgroup_cpu_limit(cgroup: Path = CGROUP) -> float | None:
     try:
         quota, period = (cgroup / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         pass
     try:
         quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()

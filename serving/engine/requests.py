@@ -271,7 +271,7 @@ class Outbox:
             return
         by_loop: dict[asyncio.AbstractEventLoop, Delivery] = {}
         for sink in self._columns.keys() | self._arrays.keys():
-            columns = _joined(self._columns.get(sink), self._arrays.get(sink, []))
+            columns = joined_columns(self._columns.get(sink), self._arrays.get(sink, []))
             by_loop.setdefault(sink.loop, ([], []))[0].append((sink, columns))
         for request, event in self._items:
             if request._loop is not None and request._channel is not None:
@@ -290,7 +290,7 @@ Columns = tuple[np.ndarray, np.ndarray, np.ndarray]
 Delivery = tuple[list[tuple[TokenSink, Columns]], list[tuple[GenerationRequest, Event]]]
 
 
-def _joined(
+def joined_columns(
     columns: tuple[list[int], list[int], list[int]] | None,
     arrays: list[Columns],
 ) -> Columns:

@@ -37,6 +37,7 @@ from serving.engine.requests import (
     FinishEvent,
     GenerationRequest,
     TokenSink,
+    joined_columns,
 )
 from serving.errors import Internal, InvalidArgument, ServingError
 from serving.multiprocess.framing import Frames, MessageConnection
@@ -283,9 +284,7 @@ class _Outgoing:
         self.tokens: list[Columns] = []
 
     def joined(self) -> Columns | None:
-        if len(self.tokens) <= 1:
-            return self.tokens[0] if self.tokens else None
-        return tuple(np.concatenate(column) for column in zip(*self.tokens, strict=True))  # type: ignore[return-value]
+        return joined_columns(None, self.tokens) if self.tokens else None
 
 
 class FrontendSink(TokenSink):

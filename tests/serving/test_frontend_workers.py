@@ -54,6 +54,7 @@ def test_the_cpus_counted_are_those_the_process_may_run_on() -> None:
         ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1
         ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4.0),
         ({"cpu.max": "garbage"}, None),
+        ({"cpu.max": "100000 0\n"}, None),  # a zero period reads as no limit
         ({}, None),  # no cgroup files at all
     ],
 )
