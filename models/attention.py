@@ -67,6 +67,12 @@ class MultiHeadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
+    def split_heads_one(self, x: Tensor) -> Tensor:
+        """``split_heads`` of one token per row, (B, 1, dim) -> (B, H, 1, D): a reshape alone
+        (the token axis has one entry, so the transpose moves nothing), one node and on a GPU
+        one kernel fewer per projection of a decode step."""
+        return x.reshape(x.shape[0], self.num_heads, 1, self.head_dim)
+
     def project_kv(self, x: Tensor) -> KVCache:
         """Keys and values of ``x`` (B, S, dim), each (B, H, S, head_dim)."""
         return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
@@ -93,14 +99,14 @@ class MultiHeadAttention(nn.Module):
         return self.attend(x, key, value, mask), key, value
 
     def attend_lengths(self, x: Tensor, key: Tensor, value: Tensor, lengths: Tensor) -> Tensor:
-        """Attend from ``x`` (B, T, dim) to each row's first ``lengths[b]`` keys / values."""
-        batch, length, dim = x.shape
-        query = self.split_heads(self.q_proj(x))  # (B, H, T, D)
+        """Attend from ``x`` (B, 1, dim), one token per row, to each row's first ``lengths[b]``
+        keys / values."""
+        batch, _, dim = x.shape
+        query = self.split_heads_one(self.q_proj(x))  # (B, H, 1, D)
         # Attention runs in the cache's dtype: casting the small query, not the whole cache
         # (an fp16 cache would otherwise be copied to fp32 every step).
         out = attend_prefix(query.to(key.dtype), key, value, lengths).to(query.dtype)
-        out = out.transpose(1, 2).reshape(batch, length, dim)  # (B, T, H*D)
-        return self.out_proj(out)
+        return self.out_proj(out.reshape(batch, 1, dim))  # (B, H, 1, D) -> (B, 1, H*D)
 
     def self_attend_inplace(
         self, x: Tensor, cache_key: Tensor, cache_value: Tensor, cache_lengths: Tensor
@@ -115,7 +121,8 @@ class MultiHeadAttention(nn.Module):
         Returns:
             The output (B, 1, dim) and the caches with the new key / value written.
         """
-        new_key, new_value = self.project_kv(x)  # (B, H, 1, D)
+        new_key = self.split_heads_one(self.k_proj(x))  # (B, H, 1, D)
+        new_value = self.split_heads_one(self.v_proj(x))
         key = cache_write(cache_key, new_key.to(cache_key.dtype), cache_lengths)
         value = cache_write(cache_value, new_value.to(cache_value.dtype), cache_lengths)
         return self.attend_lengths(x, key, value, cache_lengths + 1), key, value
