@@ -30,6 +30,7 @@ from contract.repository import REPOSITORY_FORMAT, write_manifest
 from export.cache_graphs import write_cache_graphs
 from export.cast_round_trips import drop_cast_round_trips
 from export.errors import ExportError
+from export.fused_projections import fuse_projections
 from export.kv_int8 import int8_kv_cache
 from export.onnx_export import export_graph, op_census
 from export.parity import (
@@ -143,7 +144,8 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
             dtype = torch.float16 if options.precision == "fp16" else torch.float32
             onnx_model = export_graph(spec, exported, options.opset, options.seed, dtype)
             round_trips = drop_cast_round_trips(onnx_model) if options.precision == "fp16" else 0
-            if round_trips:
+            fused = fuse_projections(onnx_model) if options.precision != "int8" else 0
+            if round_trips or fused:
                 onnx.save(onnx_model, str(final))
             if options.precision == "int8":
                 quantize_int8(exported, final)
@@ -153,6 +155,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
                     onnx_model = int8_kv_cache(onnx_model, shape.num_layers, shape.head_dim)
                     onnx.save(onnx_model, str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
+            graphs[spec.name]["fused_projections"] = fused
             if options.precision == "fp16":
                 graphs[spec.name]["cast_round_trips_removed"] = round_trips
     helpers = _write_cache_graphs(loaded, version_dir, options)
