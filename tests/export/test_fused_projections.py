@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from export.exporter import ExportOptions, export
 from export.fused_projections import fuse_projections, unfuse_projections
@@ -77,9 +77,7 @@ def census(model: onnx.ModelProto) -> collections.Counter[str]:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(1, 12), st.booleans()), min_size=1, max_size=5
-    ),
+    st.lists(st.tuples(st.integers(1, 12), st.booleans()), min_size=1, max_size=5),
     st.sampled_from([np.float32, np.float16]),
 )
 def test_fusing_computes_the_same_and_unfusing_restores_the_graph(
@@ -125,8 +123,10 @@ def test_the_exported_translator_projects_once_per_input(tmp_path: Path) -> None
     source = _tiny_translator_source()
     fp32 = export(source, tmp_path / "fp32", ExportOptions(parity_examples=30))
     graphs = fp32.manifest["graphs"]
-    layers = sum(i.name.startswith("past_key.") for i in onnx.load(
-        str(fp32.version_dir / "decoder_inplace.onnx")).graph.input)
+    layers = sum(
+        i.name.startswith("past_key.")
+        for i in onnx.load(str(fp32.version_dir / "decoder_inplace.onnx")).graph.input
+    )
     encoder_layers = graphs["encoder"]["op_types"]["Attention"]
     assert graphs["decoder_inplace"]["fused_projections"] == layers
     assert graphs["decoder"]["fused_projections"] == layers
