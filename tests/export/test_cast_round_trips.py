@@ -117,4 +117,15 @@ def test_the_fp16_decoder_has_no_round_trip_left(tmp_path: Path) -> None:
     assert facts["cast_round_trips_removed"] == 6 * layers
     census = collections.Counter(n.op_type for n in decoder.graph.node)
     assert census["Cast"] == facts["op_types"]["Cast"]
+    # the feed-forward's activation runs in fp16 between fc1 and fc2: no Cast on either side
+    producer = {out: node for node in decoder.graph.node for out in node.output}
+    readers = collections.defaultdict(list)
+    for node in decoder.graph.node:
+        for name in node.input:
+            readers[name].append(node.op_type)
+    activations = [n for n in decoder.graph.node if n.op_type in ("Relu", "Gelu", "Sigmoid")]
+    assert len(activations) == layers
+    for node in activations:
+        assert producer[node.input[0]].op_type == "Add"  # fc1's bias, in fp16
+        assert "Cast" not in readers[node.output[0]]
     assert result.manifest["parity"]["greedy_agreement"] >= 0.98
