@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.machine import machine_metadata
-from benchmarks.output import timestamp
+from benchmarks.output import write_probe
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 KERNEL, COPY = "kernel", "gpu_memcpy"  # the chrome trace's categories (PyTorch's kineto)
@@ -107,7 +106,7 @@ def profile_point(runner: Any, ids: np.ndarray, new_tokens: int) -> dict[str, An
     )
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from benchmarks.attnserve_runner import AttnServeRunner, export_attnserve
     from benchmarks.marian import BASE, build_marian, default_cache, source_ids
 
@@ -130,17 +129,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             point = {"precision": precision, "batch": batch} | profile_point(
                 runner, ids, args.new_tokens
             )
-            print(json.dumps(point), flush=True)
+            print(json.dumps(point), file=sys.stderr, flush=True)  # progress
             points.append(point)
             runner.close()
-    return {
-        "schema": "attnserve-gpu-kernels/1",
-        "machine": machine_metadata("cuda"),
-        "model": "Marian-base (bench engine's), source 32 tokens",
-        "new_tokens": args.new_tokens,
-        "cuda_graphs": not args.no_cuda_graphs,
-        "points": points,
-    }
+    return points
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,11 +161,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    result = measure(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"gpu-kernels-{timestamp()}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(path)
+    started = time.perf_counter()
+    points = measure(args)
+    write_probe(
+        "gpu-kernels",
+        points,
+        args.out,
+        tiny=False,
+        duration_s=round(time.perf_counter() - started, 1),
+        device="cuda",
+        model="Marian-base (bench engine's), source 32 tokens",
+        new_tokens=args.new_tokens,
+        cuda_graphs=not args.no_cuda_graphs,
+    )
     return 0
 
 

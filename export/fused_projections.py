@@ -91,17 +91,10 @@ def fuse_projections(model: onnx.ModelProto) -> int:
         gone |= {id(p.matmul) for p in members} | {id(p.add) for p in members}
     if not fused:
         return 0
+    stale = {p.matmul.output[0] for ms in groups.values() for p in ms if id(p.matmul) in gone}
     # The new nodes go where the group's first MatMul was: its input exists there, and every
     # reader of a fused output came after that output's own Add, so after the first MatMul.
-    rebuilt: list[onnx.NodeProto] = []
-    for node in graph.node:
-        rebuilt += fused.get(id(node), [])
-        if id(node) not in gone:
-            rebuilt.append(node)
-    stale = {p.matmul.output[0] for ms in groups.values() for p in ms if id(p.matmul) in gone}
-    del graph.node[:]
-    graph.node.extend(rebuilt)
-    _drop_unread_initializers(graph)
+    _replace_nodes(graph, fused, gone)
     for value in [v for v in graph.value_info if v.name in stale]:
         graph.value_info.remove(value)
     return len(fused)
@@ -182,14 +175,22 @@ def unfuse_projections(model: onnx.ModelProto) -> int:
             ]
         split_back[id(matmul)] = nodes
         gone |= {id(matmul), id(add), id(node)}
-    if not split_back:
-        return 0
+    if split_back:
+        _replace_nodes(graph, split_back, gone)
+    return len(split_back)
+
+
+def _replace_nodes(
+    graph: onnx.GraphProto, inserted: dict[int, list[onnx.NodeProto]], gone: set[int]
+) -> None:
+    """Rebuild ``graph``'s nodes in one pass (``graph.node`` copies what it is given, so the
+    nodes are addressed by ``id`` before it changes): ``inserted[id(n)]`` goes before node n,
+    the nodes in ``gone`` are dropped, and then the initializers nothing reads."""
     rebuilt: list[onnx.NodeProto] = []
     for node in graph.node:
-        rebuilt += split_back.get(id(node), [])
+        rebuilt += inserted.get(id(node), [])
         if id(node) not in gone:
             rebuilt.append(node)
     del graph.node[:]
     graph.node.extend(rebuilt)
     _drop_unread_initializers(graph)
-    return len(split_back)

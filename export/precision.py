@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -49,9 +50,10 @@ class HalfFeedForward(nn.Module):
     way (fc1's product), so an fp32 activation only adds a Cast each side: two kernels per layer
     and decode step on a GPU."""
 
-    def __init__(self, ffn: nn.Module) -> None:
+    def __init__(self, ffn: FeedForward) -> None:
         super().__init__()
-        self.fc1, self.fc2, self.act = HalfLinear(ffn.fc1), HalfLinear(ffn.fc2), ffn.act
+        self.fc1, self.fc2 = HalfLinear(ffn.fc1), HalfLinear(ffn.fc2)
+        self.act: Callable[[Tensor], Tensor] = ffn.act
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.act(F.linear(x.to(HALF), self.fc1.weight, self.fc1.bias))
