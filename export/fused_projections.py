@@ -8,7 +8,9 @@ rewrites every group of ``MatMul(x, W_i) + b_i`` sharing ``x`` (weights and bias
 of one dtype and input width) into ``Split(MatMul(x, [W_1 .. W_n]) + [b_1 .. b_n])``: three nodes
 instead of 2n. Each output column is the same dot product as before, so the graph computes the
 same values (ONNX Runtime's kernels may block the wider product differently: within float
-rounding, which the export's parity checks bound).
+rounding, which the export's parity checks bound). In fp16 graphs ONNX Runtime's CPU provider,
+which has no fp16 MatMul, now rounds the projections to fp16 at the Split, as the graph says and
+a GPU does; it used to carry them in fp32 up to the attention.
 
 Not for int8 exports: ONNX Runtime's dynamic quantisation gives a weight one scale
 (``per_channel=False``), and a fused weight would share it among the projections.
@@ -82,12 +84,12 @@ def fuse_projections(model: onnx.ModelProto) -> int:
             groups.setdefault(key, []).append(found)
     fused: dict[int, list[onnx.NodeProto]] = {}  # id of a group's first MatMul -> new nodes
     gone: set[int] = set()
+    earlier = sum(node.name.startswith(_PREFIX) and node.op_type == "Split" for node in graph.node)
     for (source, _, _), members in groups.items():
         if len(members) < 2:
             continue
-        fused[id(members[0].matmul)] = _fused_nodes(
-            graph, source, members, f"{_PREFIX}{len(fused)}"
-        )
+        name = f"{_PREFIX}{earlier + len(fused)}"
+        fused[id(members[0].matmul)] = _fused_nodes(graph, source, members, name)
         gone |= {id(p.matmul) for p in members} | {id(p.add) for p in members}
     if not fused:
         return 0

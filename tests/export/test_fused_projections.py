@@ -88,6 +88,7 @@ def test_fusing_computes_the_same_and_unfusing_restores_the_graph(
     before = projections_model(widths, first, dtype)
     fused = projections_model(widths, first, dtype)
     groups = fuse_projections(fused)
+    assert fuse_projections(fused) == 0  # nothing left to fuse
     # the x projections and the one reading x whose product is also read elsewhere: only the
     # first are one group, when there are two or more of them
     assert groups == (1 if len(widths) > 1 else 0)
