@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from export.errors import ExportError
 from export.fused_projections import unfuse_projections
+from models.attention import MultiHeadAttention
 from models.layers import FeedForward
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -32,16 +33,30 @@ def check_precision(precision: str) -> str:
 
 
 class HalfLinear(nn.Module):
-    """A Linear with fp16 weights whose matmul runs in fp16; input and output keep their dtype."""
+    """A Linear with fp16 weights whose matmul runs in fp16; input and output keep their dtype.
 
-    def __init__(self, linear: nn.Linear) -> None:
+    With ``output_bias`` the bias stays in the output's dtype and is added after the product's
+    Cast: for layers whose output joins the fp32 residual stream (attention outputs, fc2), where
+    ONNX Runtime then folds that Add with the residual Add and the LayerNorm after it into one
+    ``SkipLayerNormalization``, as it does in fp32 graphs (an fp16 bias Add before the Cast
+    stays a kernel of its own). The bias is also added in fp32, not fp16.
+    """
+
+    def __init__(self, linear: nn.Linear, output_bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(linear.weight.detach().to(HALF), requires_grad=False)
-        bias = linear.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(HALF), False)
+        bias, dtype = linear.bias, linear.weight.dtype if output_bias else HALF
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), False)
+        self.output_bias = output_bias
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x.to(HALF), self.weight, self.bias).to(x.dtype)
+        return self.project(x.to(HALF), x.dtype)
+
+    def project(self, half: Tensor, dtype: torch.dtype) -> Tensor:
+        """The layer on fp16 ``half``, its output in ``dtype``."""
+        if not self.output_bias or self.bias is None:
+            return F.linear(half, self.weight, self.bias).to(dtype)
+        return F.linear(half, self.weight).to(dtype) + self.bias.to(dtype)
 
 
 class HalfFeedForward(nn.Module):
@@ -52,12 +67,11 @@ class HalfFeedForward(nn.Module):
 
     def __init__(self, ffn: FeedForward) -> None:
         super().__init__()
-        self.fc1, self.fc2 = HalfLinear(ffn.fc1), HalfLinear(ffn.fc2)
+        self.fc1, self.fc2 = HalfLinear(ffn.fc1), HalfLinear(ffn.fc2, output_bias=True)
         self.act: Callable[[Tensor], Tensor] = ffn.act
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = self.act(F.linear(x.to(HALF), self.fc1.weight, self.fc1.bias))
-        return F.linear(hidden, self.fc2.weight, self.fc2.bias).to(x.dtype)
+        return self.fc2.project(self.act(self.fc1.project(x.to(HALF), HALF)), x.dtype)
 
 
 def mixed_half(model: nn.Module) -> nn.Module:
@@ -74,7 +88,9 @@ def mixed_half(model: nn.Module) -> nn.Module:
             if isinstance(child, FeedForward):
                 setattr(module, child_name, HalfFeedForward(child))
             elif isinstance(child, nn.Linear):
-                setattr(module, child_name, HalfLinear(child))
+                # an attention's output joins the residual stream
+                joins = isinstance(module, MultiHeadAttention) and child_name == "out_proj"
+                setattr(module, child_name, HalfLinear(child, output_bias=joins))
     decoder = getattr(mixed, "decoder", None)
     if decoder is not None and hasattr(decoder, "kv_dtype"):
         decoder.kv_dtype = HALF

@@ -128,4 +128,18 @@ def test_the_fp16_decoder_has_no_round_trip_left(tmp_path: Path) -> None:
     for node in activations:
         assert producer[node.input[0]].op_type == "Add"  # fc1's bias, in fp16
         assert "Cast" not in readers[node.output[0]]
+    # the layers that join the fp32 residual stream (both attentions' outputs, fc2) add their
+    # bias in fp32 after the product's Cast, where the runtime folds it into SkipLayerNorm
+    fp32_biases = {
+        i.name for i in decoder.graph.initializer if i.data_type == TensorProto.FLOAT and i.dims
+    }
+    late_biases = [
+        n
+        for n in decoder.graph.node
+        if n.op_type == "Add"
+        and n.input[0] in producer
+        and producer[n.input[0]].op_type == "Cast"
+        and n.input[1] in fp32_biases
+    ]
+    assert len(late_biases) == 3 * layers
     assert result.manifest["parity"]["greedy_agreement"] >= 0.98
