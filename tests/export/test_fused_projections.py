@@ -145,3 +145,19 @@ def test_the_exported_translator_projects_once_per_input(tmp_path: Path) -> None
     assert all(g["fused_projections"] == 0 for g in graphs8.values())
     assert "Split" not in graphs8["decoder_inplace"]["op_types"]
     assert graphs8["decoder_inplace"]["op_types"]["MatMulInteger"] >= 8 * layers
+
+
+def test_int8_quantisation_of_a_fused_graph_gives_each_projection_its_scale(
+    tmp_path: Path,
+) -> None:
+    """``quantize_int8`` of a fused fp32 graph (``bench engine --fast-int8`` quantises the fp32
+    export): the projections are separate again, each its own quantised weight."""
+    from export.precision import quantize_int8
+
+    model = projections_model([4, 4, 4], [False, False, False])
+    assert fuse_projections(model) == 1
+    onnx.save(model, str(tmp_path / "fused.onnx"))
+    quantize_int8(tmp_path / "fused.onnx", tmp_path / "int8.onnx")
+    ops = census(onnx.load(str(tmp_path / "int8.onnx")))
+    assert "Split" not in ops and "MatMul" not in ops
+    assert ops["MatMulInteger"] == 3 + 2  # the three projections, w_other twice
