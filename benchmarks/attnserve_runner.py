@@ -214,6 +214,13 @@ def _decoding(
     return decoding
 
 
+def has_fused_projections(manifest: dict[str, Any]) -> bool:
+    """Whether an export's manifest is from after the fused projections (2026-11-27: graphs of
+    fewer nodes, ``export.fused_projections``); the benchmarks' caches export older ones again."""
+    graphs = manifest.get("graphs", {})
+    return bool(graphs) and all("fused_projections" in facts for facts in graphs.values())
+
+
 def export_attnserve(
     marian_dir: Path,
     cache: Path,
@@ -236,9 +243,11 @@ def export_attnserve(
     name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
-    # entries from before the greedy pick graph (2026-11-26) are exported again
+    # entries from before the greedy pick graph (2026-11-26) or the fused projections
+    # (2026-11-27: graphs of fewer nodes) are exported again
     current = exported and (entry / "1" / GREEDY_PICK_FILE).is_file()
-    if current and read_manifest(entry / "1").get("format") == REPOSITORY_FORMAT:
+    manifest = read_manifest(entry / "1") if current else {}
+    if current and has_fused_projections(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
         return entry
     if precision == "int8" and fast_int8:
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)

@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.attnserve_runner import execution_providers
+from benchmarks.attnserve_runner import execution_providers, has_fused_projections
 from benchmarks.output import log
 from benchmarks.serve_settings import (
     FRONTEND_WORKERS,
@@ -75,7 +75,7 @@ CUDA_BATCHING_EDITS: dict[str, dict[str, Any]] = {
 def shipped_repository(cache: Path) -> Path:
     """The shipped translator and ViT, exported into the cache (fp32, as plans/shipped.yaml)."""
     from contract.graphs import GREEDY_PICK_FILE
-    from contract.repository import CONFIG_FILE
+    from contract.repository import CONFIG_FILE, read_manifest
 
     repository = Path(cache) / "shipped-repository"
     missing = [
@@ -86,6 +86,11 @@ def shipped_repository(cache: Path) -> Path:
         or (m == "translator" and not list(repository.glob(f"{m}/*/{GREEDY_PICK_FILE}")))
         # so is a ViT from before the matmul patch embedding (2026-11-27; models.vit)
         or (m == "vit" and _has_conv(repository / m))
+        # and any model from before the fused projections (2026-11-27)
+        or not all(
+            has_fused_projections(read_manifest(version.parent))
+            for version in (repository / m).glob("*/manifest.json")
+        )
     ]
     if missing:
         from export.exporter import ExportOptions, export

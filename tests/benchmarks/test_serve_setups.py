@@ -28,3 +28,15 @@ def test_a_vit_with_a_convolution_is_found_in_any_version(tmp_path: Path) -> Non
     _graph_with("Conv", entry / "2" / "model.onnx")
     assert _has_conv(entry)
     assert not _has_conv(tmp_path / "missing")  # no versions: nothing to re-export for this
+
+
+def test_exports_from_before_the_fused_projections_are_told_apart() -> None:
+    """A cached entry whose manifest has no ``fused_projections`` (exported before 2026-11-27)
+    is exported again by the benchmarks; one of today's export is reused."""
+    from benchmarks.attnserve_runner import has_fused_projections
+
+    today = {"graphs": {"encoder": {"fused_projections": 3}, "decoder": {"fused_projections": 0}}}
+    assert has_fused_projections(today)
+    older = {"graphs": {"encoder": {"fused_projections": 3}, "decoder": {"op_types": {}}}}
+    assert not has_fused_projections(older)
+    assert not has_fused_projections({})  # no graphs: nothing to reuse
