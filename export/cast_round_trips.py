@@ -14,6 +14,8 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
+from export.onnx_export import consumers
+
 LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 
@@ -39,10 +41,7 @@ def drop_cast_round_trips(model: onnx.ModelProto) -> int:
     of Casts were removed."""
     types = _element_types(model)
     graph = model.graph
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    readers_of = consumers(graph)
     outputs = {value.name for value in graph.output}
     gone: list[onnx.NodeProto] = []
     retyped: set[str] = set()
@@ -50,20 +49,20 @@ def drop_cast_round_trips(model: onnx.ModelProto) -> int:
         if _cast_to(up) != TensorProto.FLOAT or types.get(up.input[0]) != TensorProto.FLOAT16:
             continue
         chain, tensor = [], up.output[0]
-        while tensor not in outputs and len(consumers.get(tensor, [])) == 1:
-            nxt = consumers[tensor][0]
+        while tensor not in outputs and len(readers_of.get(tensor, [])) == 1:
+            nxt = readers_of[tensor][0]
             if nxt.op_type not in LAYOUT_OPS or nxt.input[0] != tensor:
                 break
             chain.append(nxt)
             tensor = nxt.output[0]
-        readers = consumers.get(tensor, [])
+        readers = readers_of.get(tensor, [])
         if tensor in outputs or len(readers) != 1 or _cast_to(readers[0]) != TensorProto.FLOAT16:
             continue
         down = readers[0]
         if not chain:  # Cast, Cast: the second one's readers read the fp16 source itself
             if down.output[0] in outputs:
                 continue
-            for reader in consumers.get(down.output[0], []):
+            for reader in readers_of.get(down.output[0], []):
                 reader.input[:] = [up.input[0] if n == down.output[0] else n for n in reader.input]
         else:
             chain[0].input[0] = up.input[0]

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from export.onnx_export import consumers
+
 _PREFIX = "fused_"
 
 
@@ -33,14 +35,6 @@ class _Projection:
     add: onnx.NodeProto
     weight: np.ndarray
     bias: np.ndarray
-
-
-def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return readers
 
 
 def _projection(
@@ -74,7 +68,7 @@ def fuse_projections(model: onnx.ModelProto) -> int:
     """
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
-    readers = _consumers(graph)
+    readers = consumers(graph)
     outputs = {value.name for value in graph.output}
     groups: dict[tuple[str, int, object], list[_Projection]] = {}
     for node in graph.node:

@@ -84,6 +84,15 @@ def op_census(model: onnx.ModelProto) -> dict[str, int]:
     return dict(collections.Counter(node.op_type for node in model.graph.node).most_common())
 
 
+def consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Every tensor name -> the nodes that read it, in graph order."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    return readers
+
+
 def _name_axes(model: onnx.ModelProto, spec: GraphSpec) -> None:
     """Give Dim.AUTO axes their contract names and propagate them to outputs sharing the symbol."""
     renames: dict[str, str] = {}

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from export.errors import ExportError
 from export.fused_projections import unfuse_projections
+from export.onnx_export import consumers
 from models.attention import MultiHeadAttention
 from models.layers import FeedForward
 
@@ -114,15 +115,12 @@ def fold_weight_transposes(model: onnx.ModelProto) -> int:
     from onnx import numpy_helper
 
     weights = {init.name: init for init in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    readers = consumers(model.graph)
     folded = 0
     for node in list(model.graph.node):
         if node.op_type != "Transpose" or node.input[0] not in weights:
             continue
-        if any(c.op_type != "MatMul" for c in consumers.get(node.output[0], [])):
+        if any(c.op_type != "MatMul" for c in readers.get(node.output[0], [])):
             continue
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
         value = numpy_helper.to_array(weights[node.input[0]]).transpose(perm)
