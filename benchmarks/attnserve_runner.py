@@ -236,18 +236,16 @@ def export_attnserve(
     ``export(precision="int8")`` does after a second trace), to keep CI runs short. An int8
     ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``.
     """
-    from contract.graphs import GREEDY_PICK_FILE
     from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
 
     repository = Path(cache) / f"repo-{shape.key()}"
     name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
-    # entries from before the greedy pick graph (2026-11-26) or the fused projections
-    # (2026-11-27: graphs of fewer nodes) are exported again
-    current = exported and (entry / "1" / GREEDY_PICK_FILE).is_file()
-    manifest = read_manifest(entry / "1") if current else {}
-    if current and has_fused_projections(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
+    # entries from before the fused projections (2026-11-27; the greedy pick graph of
+    # 2026-11-26 is older still) are exported again
+    manifest = read_manifest(entry / "1") if exported else {}
+    if has_fused_projections(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
         return entry
     if precision == "int8" and fast_int8:
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)

@@ -74,7 +74,6 @@ CUDA_BATCHING_EDITS: dict[str, dict[str, Any]] = {
 
 def shipped_repository(cache: Path) -> Path:
     """The shipped translator and ViT, exported into the cache (fp32, as plans/shipped.yaml)."""
-    from contract.graphs import GREEDY_PICK_FILE
     from contract.repository import CONFIG_FILE, read_manifest
 
     repository = Path(cache) / "shipped-repository"
@@ -82,11 +81,8 @@ def shipped_repository(cache: Path) -> Path:
         m
         for m in MODELS
         if not (repository / m / CONFIG_FILE).is_file()
-        # a translator from before the greedy pick graph (2026-11-26) is exported again
-        or (m == "translator" and not list(repository.glob(f"{m}/*/{GREEDY_PICK_FILE}")))
-        # so is a ViT from before the matmul patch embedding (2026-11-27; models.vit)
-        or (m == "vit" and _has_conv(repository / m))
-        # and any model from before the fused projections (2026-11-27)
+        # a model from before the fused projections (2026-11-27) is exported again; newer
+        # exports also have the translator's greedy pick graph and the ViT without Conv
         or not all(
             has_fused_projections(read_manifest(version.parent))
             for version in (repository / m).glob("*/manifest.json")
@@ -99,17 +95,6 @@ def shipped_repository(cache: Path) -> Path:
             log(f"exporting the shipped {kind} into {repository} (first use)")
             export(kind, repository, ExportOptions(force=True))
     return repository
-
-
-def _has_conv(entry: Path) -> bool:
-    """Whether any version of ``entry`` holds a ``Conv`` node (weights not loaded)."""
-    import onnx
-
-    return any(
-        node.op_type == "Conv"
-        for path in entry.glob("*/model.onnx")
-        for node in onnx.load(str(path), load_external_data=False).graph.node
-    )
 
 
 def with_server_onnxruntime(config: Any, threads: int, device: str) -> Any:
