@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,8 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from export.cast_round_trips import drop_cast_round_trips
-from export.exporter import ExportOptions, export
-from tests.export.test_export import _tiny_translator_source
+from export.exporter import ExportResult
 
 HALF, FLOAT = TensorProto.FLOAT16, TensorProto.FLOAT
 
@@ -102,12 +100,10 @@ def test_only_exact_round_trips_go_and_results_stay_bit_identical(case: str) -> 
         assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
 
 
-def test_the_fp16_decoder_has_no_round_trip_left(tmp_path: Path) -> None:
+def test_the_fp16_decoder_has_no_round_trip_left(tiny_translator_fp16: ExportResult) -> None:
     """The exported fp16 in-place decoder: one fewer pair per head split and merge, and the
     export's parity checks (run on the graph as written) still pass."""
-    result = export(
-        _tiny_translator_source(), tmp_path, ExportOptions(parity_examples=50, precision="fp16")
-    )
+    result = tiny_translator_fp16
     decoder = onnx.load(str(result.version_dir / "decoder_inplace.onnx"))
     assert drop_cast_round_trips(decoder) == 0
     layers = sum(i.name.startswith("past_key.") for i in decoder.graph.input)

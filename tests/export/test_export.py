@@ -8,37 +8,23 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from attnserve_cli import main
 from contract.repository import REPOSITORY_FORMAT, read_model_config
 from contract.tokenizer import SubwordTokenizer
 from export.errors import DestinationError, ExportError, SourceError
-from export.exporter import ExportOptions, export
+from export.exporter import ExportOptions, ExportResult, export
 from export.precision import fold_weight_transposes
 from export.sources import LoadedSource
-from models import captioner, translator, vit
+from models import captioner, vit
 from models.checkpoint import save_checkpoint
-
-FAST = ExportOptions(parity_examples=100)
-
-
-def _tiny_translator_source() -> LoadedSource:
-    """A tiny random translator, the same every run (an int8 export of it is parity-checked)."""
-    texts = ["three hundred and twelve", "dreihundertzwölf", "trois cent douze", "doce"]
-    tokenizer = SubwordTokenizer.train(texts, 120, extra_special_tokens=["<2de>", "<2fr>"])
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = translator.Translator(translator.preset("tiny", vocab_size=tokenizer.vocab_size))
-    return LoadedSource("translator", model.eval(), tokenizer, "tiny", "0")
+from tests.repositories import FAST, tiny_translator_source
 
 
-@pytest.fixture(scope="module")
-def tiny_translator_entry(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    repository = tmp_path_factory.mktemp("repo")
-    export(_tiny_translator_source(), repository, FAST)
-    return repository / "translator"
+@pytest.fixture
+def tiny_translator_entry(tiny_translator_fp32: ExportResult) -> Path:
+    return tiny_translator_fp32.entry
 
 
 def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> None:
@@ -112,24 +98,27 @@ def test_decoder_graph_holds_attention_and_kv_cache(tiny_translator_entry: Path)
     ]
 
 
-def test_existing_version_needs_force(tiny_translator_entry: Path) -> None:
-    repository = tiny_translator_entry.parent
+def test_force_overwrites_and_a_new_version_sits_beside(tmp_path: Path) -> None:
+    model = vit.ViT(vit.preset("tiny", image_size=32, patch_size=8)).eval()
+    source = LoadedSource("vit", model, None, "tiny", "0")
+    export(source, tmp_path, FAST)
+    first = (tmp_path / "vit" / "1" / "model.onnx").stat().st_mtime_ns
     with pytest.raises(DestinationError, match="already exists; pass --force"):
-        export(_tiny_translator_source(), repository, FAST)
+        export(source, tmp_path, FAST)
+    export(source, tmp_path, ExportOptions(parity_examples=100, version=2, precision="fp16"))
+    manifest = json.loads((tmp_path / "vit" / "2" / "manifest.json").read_text())
+    assert manifest["precision"] == "fp16" and manifest["version"] == 2
+    assert (tmp_path / "vit" / "1" / "model.onnx").stat().st_mtime_ns == first
+    export(source, tmp_path, ExportOptions(parity_examples=100, force=True))
+    assert (tmp_path / "vit" / "1" / "model.onnx").stat().st_mtime_ns != first
+    assert json.loads((tmp_path / "vit" / "2" / "manifest.json").read_text()) == manifest
 
 
-def test_force_overwrites_and_a_new_version_sits_beside(tiny_translator_entry: Path) -> None:
-    repository = tiny_translator_entry.parent
-    export(
-        _tiny_translator_source(),
-        repository,
-        ExportOptions(parity_examples=100, version=2, precision="int8"),
-    )
-    manifest = json.loads((tiny_translator_entry / "2" / "manifest.json").read_text())
+def test_int8_translator_quantises_every_matmul(int8_repository: Path) -> None:
+    manifest = json.loads((int8_repository / "float" / "1" / "manifest.json").read_text())
     assert manifest["precision"] == "int8"
     assert manifest["graphs"]["decoder"]["attention_nodes"] == 4  # int8 keeps standard Attention
     assert manifest["parity"]["greedy_agreement"] >= 0.95
-    assert (tiny_translator_entry / "1" / "decoder.onnx").is_file()
     for graph in ("decoder", "decoder_inplace"):  # every MatMul quantised, the tied LM head too
         ops = manifest["graphs"][graph]["op_types"]
         assert "MatMul" not in ops and "MatMulInteger" in ops, ops
@@ -163,7 +152,7 @@ def test_weight_transposes_fold_into_initializers() -> None:
 
 def test_legacy_opset_decomposes_attention(tmp_path: Path) -> None:
     result = export(
-        _tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, opset=18)
+        tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, opset=18)
     )
     assert result.manifest["graphs"]["decoder"]["attention_nodes"] == 0
     assert result.manifest["graphs"]["decoder"]["op_types"]["Softmax"] == 4
@@ -256,10 +245,10 @@ def test_vit_entry_is_a_triton_model(tmp_path: Path) -> None:
     assert len((tmp_path / "vit" / "labels.txt").read_text().split()) == 10
 
 
-def test_fp16_seq2seq_keeps_a_half_cache_and_fp32_logits(tmp_path: Path) -> None:
-    result = export(
-        _tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, precision="fp16")
-    )
+def test_fp16_seq2seq_keeps_a_half_cache_and_fp32_logits(
+    tiny_translator_fp16: ExportResult,
+) -> None:
+    result = tiny_translator_fp16
     decoder = onnx.load(str(result.version_dir / "decoder.onnx"))
     types = {
         v.name: v.type.tensor_type.elem_type for v in [*decoder.graph.input, *decoder.graph.output]

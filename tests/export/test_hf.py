@@ -13,13 +13,13 @@ transformers = pytest.importorskip(
 )
 
 from export.errors import SourceError  # noqa: E402
-from export.exporter import ExportOptions, export  # noqa: E402
 from export.hf import load_hf_directory  # noqa: E402
 from export.hf.weights import current_param_name  # noqa: E402
 from export.sources import load_source  # noqa: E402
 from models.generation import greedy_generate  # noqa: E402
 from models.layers import sinusoidal_table  # noqa: E402
 from tests.export.hf_fixtures import (  # noqa: E402
+    VIT_LABELS,
     randomise,
     save_marian_tokenizer,
     save_word_tokenizer,
@@ -393,34 +393,27 @@ def test_bad_weights_name_the_file(tmp_path: Path, marian, damage: str) -> None:
 # --- end to end through export() ---------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_marian_import_exports_with_full_parity(marian, tmp_path: Path) -> None:
-    _, directory = marian
-    result = export(
-        load_hf_directory(directory), tmp_path / "repo", ExportOptions(parity_examples=100)
-    )
-    manifest = result.manifest
+def test_marian_import_exports_with_full_parity(hf_repository: Path, hf_sources) -> None:
+    """The session's export of an HF Marian directory (``hf_repository``, which the serving
+    tests serve)."""
+    manifest = json.loads((hf_repository / "marian" / "1" / "manifest.json").read_text())
     assert manifest["parity"]["greedy_examples"] >= 100
     assert manifest["parity"]["greedy_agreement"] == 1.0
     assert max(manifest["parity"]["real_max_abs_diff"].values()) <= TOLERANCE
     assert all(g["attention_nodes"] > 0 for g in manifest["graphs"].values())
     assert manifest["fused_attention"] is True
-    assert manifest["source"]["origin"] == str(directory)
+    assert manifest["source"]["origin"] == str(hf_sources["marian"])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["vit", "captioner"])
-def test_vision_imports_export_with_full_parity(kind: str, captioner, tmp_path: Path) -> None:
-    directory = _save(_vit_classifier(), tmp_path / "hf") if kind == "vit" else captioner[1]
-    manifest = export(
-        load_hf_directory(directory), tmp_path / "repo", ExportOptions(parity_examples=100)
-    ).manifest
+def test_vision_imports_export_with_full_parity(kind: str, hf_repository: Path) -> None:
+    entry = hf_repository / f"hf-{kind}"
+    manifest = json.loads((entry / "1" / "manifest.json").read_text())
     parity = manifest["parity"]
     assert max(parity["real_max_abs_diff"].values()) <= TOLERANCE
     if kind == "vit":
         assert parity["top1_identical"] == parity["top1_examples"] >= 100
-        assert (result_labels := (tmp_path / "repo" / "vit" / "1" / "labels.txt")).is_file()
-        assert result_labels.read_text().split() == ["cat", "dog", "owl", "eel", "yak"]
+        assert (entry / "1" / "labels.txt").read_text().split() == list(VIT_LABELS)
     else:
         assert parity["greedy_agreement"] == 1.0
     assert all(g["attention_nodes"] > 0 for g in manifest["graphs"].values())

@@ -38,8 +38,8 @@ from export.tensorrt import (
     structure,
     validate_profile,
 )
-from models import translator as translator_models
 from models import vit as vit_models
+from tests.repositories import tiny_translator_source
 
 requires_tensorrt = pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is None
@@ -58,19 +58,16 @@ def _export(tmp: Path, kind: str, model: torch.nn.Module, **options) -> Exported
     return loaded, result, read_model_config(result.entry)
 
 
-def _tiny_translator(**overrides) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return translator_models.Translator(translator_models.preset("tiny", **overrides))
-
-
 def _tiny_vit(**overrides) -> torch.nn.Module:
     torch.manual_seed(0)  # 32x32 inputs: the parity check feeds 32x32 digits
     return vit_models.ViT(vit_models.preset("tiny", image_size=32, patch_size=8, **overrides))
 
 
-@pytest.fixture(scope="module")
-def translator(tmp_path_factory: pytest.TempPathFactory) -> Exported:
-    return _export(tmp_path_factory.mktemp("translator"), "translator", _tiny_translator())
+@pytest.fixture
+def translator(tiny_translator_fp32: ExportResult) -> Exported:
+    """The session's tiny translator export (read only)."""
+    result = tiny_translator_fp32
+    return tiny_translator_source(), result, read_model_config(result.entry)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,6 @@ from PIL import Image  # noqa: E402
 from contract.model_config import GeneratorConfig  # noqa: E402
 from contract.repository import read_model_config, resolve_version  # noqa: E402
 from contract.text import load_text_tokenizer  # noqa: E402
-from export.exporter import ExportOptions, export  # noqa: E402
 from serving.client import AttnServeClient  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
@@ -39,16 +38,12 @@ from tests.export.hf_fixtures import (  # noqa: E402
     hf_generated,
     marian_texts,
     sample_images,
-    save_captioner,
-    save_marian,
-    save_vit,
 )
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
 EXAMPLES = 120  # inputs per model (the goal: >= 100)
 PIXEL_TOLERANCE = 1e-5
-MODELS = {"marian": save_marian, "hf-vit": save_vit, "hf-captioner": save_captioner}
 
 
 @pytest.fixture(autouse=True)
@@ -59,17 +54,13 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("hf_sources")
-    return {name: save(root / name) for name, save in MODELS.items()}
+def sources(hf_sources: dict[str, Path]) -> dict[str, Path]:
+    return hf_sources
 
 
 @pytest.fixture(scope="module")
-def repository(sources: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hf_repository")
-    for name, directory in sources.items():
-        export(str(directory), root, ExportOptions(name=name, parity_examples=100))
-    return root
+def repository(hf_repository: Path) -> Path:
+    return hf_repository
 
 
 @pytest.fixture(scope="module")
