@@ -25,8 +25,12 @@ eval: $(STAMP)
 	$(BIN)/attnserve eval vit
 	$(BIN)/attnserve eval captioner
 
+# Packages mypy checks in `make test` (clean; the export, models and benchmarks code is not yet).
+TYPED := serving contract
+
 test: $(STAMP) system-deps perf-analyzer
 	$(BIN)/ruff check .
+	$(BIN)/mypy $(TYPED)
 	$(BIN)/python -m pytest -q -ra --durations=20
 
 # Reliability (README "Reliability"): 12,000 fuzz cases over every RPC of a real server (random
@@ -71,6 +75,7 @@ perf-analyzer: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(TYPED)
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

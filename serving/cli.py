@@ -141,8 +141,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from serving.server_config import load_server_config, resolved
 
     overrides = {f.name: getattr(args, f.name, None) for f in fields(ServerConfig)}
-    if overrides.get("models"):
-        overrides["models"] = tuple(overrides["models"])
+    if models := overrides.get("models"):
+        overrides["models"] = tuple(models)
     config = resolved(load_server_config(args.config, overrides))
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(levelname)s %(message)s")
     if args.config is None and args.repository is None:

@@ -46,10 +46,14 @@ class SecurityConfigError(ValueError):
 class SecuritySettings(Protocol):
     """The ``ServerConfig`` fields this module reads."""
 
-    tls_cert: str | None
-    tls_key: str | None
-    tls_client_ca: str | None
-    auth_token_file: str | None
+    @property
+    def tls_cert(self) -> str | None: ...
+    @property
+    def tls_key(self) -> str | None: ...
+    @property
+    def tls_client_ca(self) -> str | None: ...
+    @property
+    def auth_token_file(self) -> str | None: ...
 
 
 def read_secret_file(path: str | Path, what: str) -> bytes:

@@ -20,7 +20,11 @@ from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
 
 CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
+NUMPY_TYPES: dict[str, type[np.generic]] = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int8)": np.int8,
+}
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def pinned_empty(
 ) -> np.ndarray:
     """A host buffer of ``shape`` (float32 unless ``dtype``), page-locked when ``host`` can
     (zero-filled)."""
-    array = np.zeros(shape, dtype=dtype)
+    array: np.ndarray = np.zeros(shape, dtype=dtype)
     if host is not None:
         host.pin(array)
     return array

@@ -10,12 +10,15 @@ axis to the longest source in the batch, with ``cross_mask`` marking the real po
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 
 class BatchKVCache:
     """Past self-attention K/V and cross K/V of the rows of the running decode batch."""
 
-    def __init__(self, num_layers: int, num_heads: int, head_dim: int, dtype: np.dtype) -> None:
+    def __init__(
+        self, num_layers: int, num_heads: int, head_dim: int, dtype: npt.DTypeLike
+    ) -> None:
         self.num_kv = 2 * num_layers  # key and value per layer
         self.num_heads = num_heads
         self.head_dim = head_dim

@@ -581,7 +581,11 @@ class InFlightEngine:
                 ids[row, : len(request.source_ids)] = request.source_ids
                 mask[row, : len(request.source_ids)] = 1
             return self.runner.encode({"input_ids": ids, "attention_mask": mask}, device)
-        pixels = np.stack([r.pixels for r in joiners]).astype(self.runner.kv_dtype)
+        images = []
+        for request in joiners:
+            assert request.pixels is not None
+            images.append(request.pixels)
+        pixels = np.stack(images).astype(self.runner.kv_dtype)
         return self.runner.encode({"pixel_values": pixels}, device)
 
     def _step(self) -> None:

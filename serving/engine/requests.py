@@ -298,7 +298,8 @@ def joined_columns(
     those posted as arrays."""
     parts = list(arrays)
     if columns is not None:
-        parts.insert(0, tuple(np.asarray(column, dtype=np.int64) for column in columns))
+        first, second, third = (np.asarray(column, dtype=np.int64) for column in columns)
+        parts.insert(0, (first, second, third))
     if len(parts) == 1:
         return parts[0]  # type: ignore[return-value]
     return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]

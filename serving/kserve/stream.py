@@ -6,6 +6,7 @@ Requests that cannot stream (classification, N > 1, beam search) get one final r
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class DeltaResponses:
         self.call, self.text_output = call, text_output
         self.direct = not any(wanted.classification for wanted in call.wanted)
         model = call.model
-        self.fields = {
+        self.fields: dict[str, Any] = {
             "model_name": model.name,
             "model_version": str(model.version),
             "id": call.request.id,
@@ -85,7 +86,7 @@ class DeltaResponses:
         if not self.direct:
             outputs = {self.text_output: (BYTES, [text]), "token_ids": ("INT32", ids[None])}
             return build_response(self.call, outputs, {"index": item.index, **_final(False)})
-        tensors = {
+        tensors: dict[str, tuple[_Tensor, Any]] = {
             self.text_output: (_Tensor(name=self.text_output, datatype=BYTES, shape=[1]), text),
             "token_ids": (_Tensor(name="token_ids", datatype="INT32", shape=[1, len(ids)]), ids),
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 
+from contract.model_config import ImageSpec
 from serving.kserve.signature import TensorSpec, max_batch, platform, signature
 from serving.kserve.tensors import BYTES
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -85,7 +86,7 @@ def _config_input(spec: TensorSpec) -> pb.ModelInput:
 def _dynamic_batching(model: ServedModel) -> pb.ModelDynamicBatching:
     """Triton's queue policy; generators batch in flight, so they have no queue delay."""
     b = model.config.batching
-    delay = b.max_queue_delay_us if isinstance(model, ServedClassifier) else 0
+    delay = model.config.batching.max_queue_delay_us if isinstance(model, ServedClassifier) else 0
     return pb.ModelDynamicBatching(
         max_queue_delay_microseconds=delay,
         default_queue_policy=pb.ModelQueuePolicy(
@@ -112,7 +113,7 @@ def _parameters(model: ServedModel) -> dict[str, str]:
     if isinstance(model, ServedClassifier):
         if model.config.labels:
             parameters["labels"] = json.dumps(list(model.config.labels))
-        image = model.config.image
+        image: ImageSpec | None = model.config.image
     else:
         generator = model.config
         parameters["in_flight_batching"] = str(generator.batching.in_flight).lower()

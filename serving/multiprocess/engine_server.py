@@ -308,7 +308,7 @@ def _owned(array: np.ndarray) -> np.ndarray:
     return array if array.flags.owndata else np.array(array)
 
 
-def _serving_error(err: Exception) -> ServingError:
+def _serving_error(err: BaseException) -> ServingError:
     if isinstance(err, ServingError):
         return err
     log.exception("internal error in the engine process", exc_info=err)

@@ -98,7 +98,7 @@ def encode(
         spec = array_spec(a)
         offset = None if place is None else place(a)
         if offset is None:
-            frames.append(memoryview(a.reshape(-1)).cast("B"))
+            frames.append(a.reshape(-1).data.cast("B"))
         else:
             spec["shm"] = offset
         specs.append(spec)

@@ -97,7 +97,7 @@ class EngineClient:
             OSError: nothing listens at ``address``.
         """
         self._loop = asyncio.get_running_loop()
-        self._connection = MessageConnection(self._receive, self._lost)
+        connection = self._connection = MessageConnection(self._receive, self._lost)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setblocking(False)
@@ -108,7 +108,7 @@ class EngineClient:
                 except OSError as err:
                     log.warning("no shared memory for tensors (%s): they use the socket", err)
             send_hello(sock, self.arena)
-            await self._loop.create_unix_connection(lambda: self._connection, sock=sock)
+            await self._loop.create_unix_connection(lambda: connection, sock=sock)
         except BaseException:
             sock.close()
             raise

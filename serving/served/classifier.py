@@ -112,7 +112,7 @@ class ServedClassifier(ServedEntry):
         size = self.config.image.size
         for instance in {id(i): i for i in self._instances}.values():  # shared ones once
             for rows in self.buckets:
-                images = np.zeros((rows, 3, size, size), self.float_dtype)
+                images: np.ndarray = np.zeros((rows, 3, size, size), self.float_dtype)
                 instance.run(CLASSIFIER, {IMAGE_INPUT: images})
 
     async def stop(self, grace: float = 10.0) -> None:

@@ -129,7 +129,8 @@ class ImageSource:
         # image holding every value, so a lookup gives its results bit for bit (one gather per
         # image instead of five float passes).
         every_value = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)
-        self._table = pixel_values(every_value, spec.mean, spec.std)[0, :, 0, :].astype(dtype)
+        table = pixel_values(every_value, spec.mean, spec.std)[0, :, 0, :]
+        self._table: np.ndarray = table.astype(dtype)
 
     def pixels(self, data: bytes) -> np.ndarray:
         """Decoded, resized and normalised pixels (3, H, W) of an encoded image.
