@@ -4,20 +4,21 @@
 scheduling tests). ``shipped_repository``: the trained checkpoints shipped in the repository
 (for tests that check real answers). ``int8_repository``: the tiny translator at int8, with a
 float KV cache (``float``) and with an int8 one (``kv8``). ``tiny_translator_fp32`` and
-``tiny_translator_fp16``: the export results of ``tiny_translator_source()`` (for tests that read
-the exported graphs and manifests; nothing may write into them). ``hf_sources`` /
-``hf_repository``: tiny Hugging Face model directories (``tests/export/hf_fixtures.py``:
-``marian``, ``hf-vit``, ``hf-captioner``) and their export.
+``tiny_translator_fp16``: the tiny translator's export results, fp32 (``tiny_repository``'s) and
+fp16, for tests that read the exported graphs and manifests (nothing may write into them).
+``hf_sources`` / ``hf_repository``: tiny Hugging Face model directories
+(``tests/export/hf_fixtures.py``: ``marian``, ``hf-vit``, ``hf-captioner``) and their export.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from export.exporter import ExportOptions, ExportResult, export
-from tests.repositories import FAST, tiny_sources, tiny_translator_source
+from tests.repositories import FAST, tiny_sources
 
 
 @pytest.fixture(scope="session")
@@ -49,16 +50,16 @@ def int8_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_translator_fp32(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
-    return export(tiny_translator_source(), tmp_path_factory.mktemp("tiny_translator_fp32"), FAST)
+def tiny_translator_fp32(tiny_repository: Path) -> ExportResult:
+    entry = tiny_repository / "translator"
+    manifest = json.loads((entry / "1" / "manifest.json").read_text())
+    return ExportResult(entry, entry / "1", manifest)
 
 
 @pytest.fixture(scope="session")
 def tiny_translator_fp16(tmp_path_factory: pytest.TempPathFactory) -> ExportResult:
     options = ExportOptions(parity_examples=100, precision="fp16")
-    return export(
-        tiny_translator_source(), tmp_path_factory.mktemp("tiny_translator_fp16"), options
-    )
+    return export(tiny_sources()[0], tmp_path_factory.mktemp("tiny_translator_fp16"), options)
 
 
 @pytest.fixture(scope="session")

@@ -16,17 +16,6 @@ from models.data.translation import language_tags
 FAST = ExportOptions(parity_examples=100)
 
 
-def tiny_translator_source() -> LoadedSource:
-    """A tiny random translator with two language tags, the same every run (an int8 export of
-    it is parity-checked); ``tests/conftest.py`` exports it once per session at fp32 and fp16."""
-    texts = ["three hundred and twelve", "dreihundertzwölf", "trois cent douze", "doce"]
-    tokenizer = SubwordTokenizer.train(texts, 120, extra_special_tokens=["<2de>", "<2fr>"])
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = translator.Translator(translator.preset("tiny", vocab_size=tokenizer.vocab_size))
-    return LoadedSource("translator", model.eval(), tokenizer, "tiny", "0")
-
-
 def tiny_sources(seed: int = 0) -> list[LoadedSource]:
     """Tiny random models with the shapes of the shipped ones (48x48 captions, 32x32 digits).
 

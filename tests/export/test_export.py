@@ -19,7 +19,8 @@ from export.precision import fold_weight_transposes
 from export.sources import LoadedSource
 from models import captioner, vit
 from models.checkpoint import save_checkpoint
-from tests.repositories import FAST, tiny_translator_source
+from models.data.translation import LANGUAGES
+from tests.repositories import FAST, tiny_sources
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> No
     assert manifest["format"] == REPOSITORY_FORMAT
     assert set(manifest["libraries"]) >= {"torch", "onnx", "onnxruntime"}
     config = read_model_config(tiny_translator_entry)
-    assert config.kind == "seq2seq" and config.languages == ("de", "fr")
+    assert config.kind == "seq2seq" and config.languages == LANGUAGES
     assert config.decoder is not None and config.decoder.num_layers == 2
 
 
@@ -151,9 +152,7 @@ def test_weight_transposes_fold_into_initializers() -> None:
 
 
 def test_legacy_opset_decomposes_attention(tmp_path: Path) -> None:
-    result = export(
-        tiny_translator_source(), tmp_path, ExportOptions(parity_examples=100, opset=18)
-    )
+    result = export(tiny_sources()[0], tmp_path, ExportOptions(parity_examples=100, opset=18))
     assert result.manifest["graphs"]["decoder"]["attention_nodes"] == 0
     assert result.manifest["graphs"]["decoder"]["op_types"]["Softmax"] == 4
     assert result.manifest["parity"]["greedy_agreement"] == 1.0

@@ -39,7 +39,7 @@ from export.tensorrt import (
     validate_profile,
 )
 from models import vit as vit_models
-from tests.repositories import tiny_translator_source
+from tests.repositories import tiny_sources
 
 requires_tensorrt = pytest.mark.skipif(
     importlib.util.find_spec("tensorrt") is None
@@ -67,7 +67,7 @@ def _tiny_vit(**overrides) -> torch.nn.Module:
 def translator(tiny_translator_fp32: ExportResult) -> Exported:
     """The session's tiny translator export (read only)."""
     result = tiny_translator_fp32
-    return tiny_translator_source(), result, read_model_config(result.entry)
+    return tiny_sources()[0], result, read_model_config(result.entry)
 
 
 @pytest.fixture(scope="module")
