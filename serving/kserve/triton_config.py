@@ -86,6 +86,7 @@ def _config_input(spec: TensorSpec) -> pb.ModelInput:
 def _dynamic_batching(model: ServedModel) -> pb.ModelDynamicBatching:
     """Triton's queue policy; generators batch in flight, so they have no queue delay."""
     b = model.config.batching
+    # narrowed through the model (a classifier's batching has a queue delay), not through b
     delay = model.config.batching.max_queue_delay_us if isinstance(model, ServedClassifier) else 0
     return pb.ModelDynamicBatching(
         max_queue_delay_microseconds=delay,

@@ -54,18 +54,8 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def sources(hf_sources: dict[str, Path]) -> dict[str, Path]:
-    return hf_sources
-
-
-@pytest.fixture(scope="module")
-def repository(hf_repository: Path) -> Path:
-    return hf_repository
-
-
-@pytest.fixture(scope="module")
-def server(repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(repository, metrics_port=-1) as running:
+def server(hf_repository: Path) -> Iterator[ServerThread]:
+    with ServerThread(hf_repository, metrics_port=-1) as running:
         yield running
 
 
@@ -93,9 +83,9 @@ def _entry(repository: Path, name: str) -> tuple[Any, Path]:
 
 
 @pytest.fixture(scope="module")
-def marian(sources: dict[str, Path]) -> dict[str, Any]:
+def marian(hf_sources: dict[str, Path]) -> dict[str, Any]:
     """transformers' tokenizer, model and greedy generations for the test texts."""
-    directory = sources["marian"]
+    directory = hf_sources["marian"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.MarianMTModel.from_pretrained(directory).eval()
     texts = marian_texts(EXAMPLES)
@@ -116,8 +106,8 @@ def marian(sources: dict[str, Path]) -> dict[str, Any]:
     }
 
 
-def test_marian_source_ids_are_marian_tokenizers(repository: Path, marian: dict) -> None:
-    config, version_dir = _entry(repository, "marian")
+def test_marian_source_ids_are_marian_tokenizers(hf_repository: Path, marian: dict) -> None:
+    config, version_dir = _entry(hf_repository, "marian")
     assert isinstance(config, GeneratorConfig) and config.tokenizer.kind == "sentencepiece"
     assert config.languages == ("de",) and config.tokenizer.language_tag == ""
     source = TextSource(
@@ -180,25 +170,25 @@ def test_marian_refuses_another_target_language(client: AttnServeClient) -> None
 
 
 def test_vit_preprocessing_is_the_image_processors(
-    repository: Path, sources: dict[str, Path], images: list[bytes]
+    hf_repository: Path, hf_sources: dict[str, Path], images: list[bytes]
 ) -> None:
     for name in ("hf-vit", "hf-captioner"):
-        config, _ = _entry(repository, name)
-        processor = transformers.AutoImageProcessor.from_pretrained(sources[name])
+        config, _ = _entry(hf_repository, name)
+        processor = transformers.AutoImageProcessor.from_pretrained(hf_sources[name])
         expected = processor(images=[_pil(b) for b in images], return_tensors="np").pixel_values
         source = ImageSource(name, config.image, config.limits.max_image_bytes, np.float32)
         served = np.stack([source.pixels(data) for data in images])
         assert served.shape == expected.shape
         worst = float(np.abs(served - expected).max())
         assert worst <= PIXEL_TOLERANCE, f"{name}: max |pixel diff| {worst:.3g}"
-    assert _entry(repository, "hf-vit")[0].image.resample == "bicubic"
+    assert _entry(hf_repository, "hf-vit")[0].image.resample == "bicubic"
 
 
 def test_vit_classify_is_the_models_argmax(
-    server: ServerThread, client: AttnServeClient, sources: dict[str, Path], images: list[bytes]
+    server: ServerThread, client: AttnServeClient, hf_sources: dict[str, Path], images: list[bytes]
 ) -> None:
-    processor = transformers.AutoImageProcessor.from_pretrained(sources["hf-vit"])
-    model = transformers.ViTForImageClassification.from_pretrained(sources["hf-vit"]).eval()
+    processor = transformers.AutoImageProcessor.from_pretrained(hf_sources["hf-vit"])
+    model = transformers.ViTForImageClassification.from_pretrained(hf_sources["hf-vit"]).eval()
     pixels = processor(images=[_pil(b) for b in images], return_tensors="pt").pixel_values
     with torch.no_grad():
         top = model(pixel_values=pixels).logits.argmax(-1).tolist()
@@ -217,9 +207,9 @@ def test_vit_classify_is_the_models_argmax(
 
 
 def test_captioner_caption_is_generate(
-    client: AttnServeClient, sources: dict[str, Path], images: list[bytes]
+    client: AttnServeClient, hf_sources: dict[str, Path], images: list[bytes]
 ) -> None:
-    directory = sources["hf-captioner"]
+    directory = hf_sources["hf-captioner"]
     processor = transformers.AutoImageProcessor.from_pretrained(directory)
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     model = transformers.VisionEncoderDecoderModel.from_pretrained(directory).eval()
@@ -240,9 +230,11 @@ def test_captioner_caption_is_generate(
     assert streamed == served[0].text
 
 
-def test_marian_beam_search_is_generate(client: AttnServeClient, sources: dict[str, Path], marian):
+def test_marian_beam_search_is_generate(
+    client: AttnServeClient, hf_sources: dict[str, Path], marian
+):
     """Beam search (4 beams, Marian's default) applies the same token rules as generate()."""
-    model = transformers.MarianMTModel.from_pretrained(sources["marian"]).eval()
+    model = transformers.MarianMTModel.from_pretrained(hf_sources["marian"]).eval()
     tokenizer, texts = marian["tokenizer"], marian["texts"][:24]
     with torch.no_grad():
         generated = model.generate(
