@@ -214,11 +214,20 @@ def _decoding(
     return decoding
 
 
-def has_fused_projections(manifest: dict[str, Any]) -> bool:
-    """Whether an export's manifest is from after the fused projections (2026-11-27: graphs of
-    fewer nodes, ``export.fused_projections``); the benchmarks' caches export older ones again."""
+def is_current_export(manifest: dict[str, Any]) -> bool:
+    """Whether an export's manifest is as today's exports write it: the fused projections
+    (2026-11-27: graphs of fewer nodes, ``export.fused_projections``) and an in-place decoder's
+    cache graphs writing one vector per scatter index (2026-11-27 evening: joins on CUDA). The
+    benchmarks' caches export older ones again."""
+    from export.cache_graphs import CACHE_SCATTER
+
     graphs = manifest.get("graphs", {})
-    return bool(graphs) and all("fused_projections" in facts for facts in graphs.values())
+    inplace = manifest.get("decoders", {}).get("inplace")
+    return (
+        bool(graphs)
+        and all("fused_projections" in facts for facts in graphs.values())
+        and (inplace is None or inplace.get("cache_scatter") == CACHE_SCATTER)
+    )
 
 
 def export_attnserve(
@@ -242,10 +251,9 @@ def export_attnserve(
     name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
-    # entries from before the fused projections (2026-11-27; the greedy pick graph of
-    # 2026-11-26 is older still) are exported again
+    # entries from before today's graphs (is_current_export) are exported again
     manifest = read_manifest(entry / "1") if exported else {}
-    if has_fused_projections(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
+    if is_current_export(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
         return entry
     if precision == "int8" and fast_int8:
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)

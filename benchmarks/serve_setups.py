@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.attnserve_runner import execution_providers, has_fused_projections
+from benchmarks.attnserve_runner import execution_providers, is_current_export
 from benchmarks.output import log
 from benchmarks.serve_settings import (
     FRONTEND_WORKERS,
@@ -81,10 +81,10 @@ def shipped_repository(cache: Path) -> Path:
         m
         for m in MODELS
         if not (repository / m / CONFIG_FILE).is_file()
-        # a model from before the fused projections (2026-11-27) is exported again; newer
+        # a model from before today's graphs (is_current_export) is exported again; such
         # exports also have the translator's greedy pick graph and the ViT without Conv
         or not all(
-            has_fused_projections(read_manifest(version.parent))
+            is_current_export(read_manifest(version.parent))
             for version in (repository / m).glob("*/manifest.json")
         )
     ]

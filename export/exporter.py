@@ -27,7 +27,7 @@ from contract.graphs import (
 from contract.images import pixel_values
 from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
 from contract.repository import REPOSITORY_FORMAT, write_manifest
-from export.cache_graphs import write_cache_graphs
+from export.cache_graphs import CACHE_SCATTER, write_cache_graphs
 from export.cast_round_trips import drop_cast_round_trips
 from export.errors import ExportError
 from export.fused_projections import fuse_projections
@@ -222,6 +222,7 @@ def _decoder_variants(graphs: dict[str, Any], helpers: list[str], kv_dtype: str)
             "file": graphs[DECODER_INPLACE]["file"],
             "opset": graphs[DECODER_INPLACE]["opset"],
             "cache_graphs": helpers,
+            "cache_scatter": CACHE_SCATTER,
             "kv_cache": f"fixed capacity per row, written in place ({written})",
             "kv_dtype": kv_dtype,
         },

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from attnserve_cli import main
 from contract.repository import REPOSITORY_FORMAT, read_model_config
 from contract.tokenizer import SubwordTokenizer
+from export.cache_graphs import CACHE_SCATTER
 from export.errors import DestinationError, ExportError, SourceError
 from export.exporter import ExportOptions, ExportResult, export
 from export.precision import fold_weight_transposes
@@ -51,6 +52,7 @@ def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> No
     assert (
         decoders["inplace"]["file"] == "decoder_inplace.onnx" and decoders["inplace"]["opset"] == 24
     )
+    assert decoders["inplace"]["cache_scatter"] == CACHE_SCATTER
     assert decoders["fallback"] == {**decoders["fallback"], "file": "decoder.onnx", "opset": 23}
     assert max(parity["max_abs_diff"].values()) <= 1e-4
     assert max(parity["real_max_abs_diff"].values()) <= 1e-4
