@@ -94,6 +94,11 @@ def decoder_output_names(num_layers: int) -> list[str]:
 #     every cache becomes a copy of source_rows[j] (beam search reorders its rows).
 # cache_write: rows [n] int64, cross_key.{i} ... (buffers), new_cross_key.{i} ... [n, heads, S,
 #     head_dim] -> cross_key.{i}_out ...: the new rows written (zero-padded to the buffers' width).
+# cache_copy and cache_write (exports since 2026-11-27 evening) also take vector_scatter [1] bool:
+#     true (on a GPU) scatters one vector per index, false (on the CPU) one row per index. ONNX
+#     Runtime's CUDA ScatterND copies each index's slice in one thread, so whole rows there took
+#     0.6-1.7 ms per buffer on an H100; its CPU kernel copies a slice as one memcpy and pays per
+#     index, so rows are the CPU's faster way. Older exports scatter rows and lack the input.
 # cache_resize: width [1] int64, buffer.{j} [n, heads, w, head_dim] for j < 2 * layers ->
 #     buffer.{j}_out [n, heads, width, head_dim]: cut or zero-padded along axis 2. The server keeps
 #     each cache as compact as its longest row needs (attention kernels read the whole bound
@@ -132,6 +137,7 @@ GREEDY_SUPPRESSED, GREEDY_EOS, GREEDY_NO_EOS = "suppressed", "eos", "no_eos"
 GREEDY_IDS, GREEDY_LOGIT = "greedy_ids", "greedy_logit"
 OPTIONAL_INPLACE_GRAPH_FILES = {GREEDY_PICK: GREEDY_PICK_FILE}
 ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"
+VECTOR_SCATTER = "vector_scatter"
 
 
 KV_CACHE_DTYPES = ("float", "int8")  # the in-place cache: the graphs' float type, or int8 + scales

@@ -18,10 +18,12 @@ keys / values as the decoder quantises its own (``quantize_vectors``).
 
 They run on the decoder's own device, so the cache never leaves it.
 
-Each ``ScatterND`` writes one vector per index (``_vector_indices``): ONNX Runtime's CUDA kernel
-gives every index one thread that copies the index's slice alone, so whole rows as slices (a row
-of Marian-base's cross keys is 32k values) ran in one thread per row, all in one block: 0.6 ms
-per buffer for one row and 1.7 ms for 64 on an H100 (2026-11-27), 12 buffers per join.
+Every ``ScatterND`` takes its indices from one ``If`` on the ``VECTOR_SCATTER`` input
+(``_scatter_rows``): one vector per index on a GPU, where ONNX Runtime's CUDA kernel gives every
+index one thread that copies the index's slice alone (rows as slices, 32k values for a row of
+Marian-base's cross keys, took 0.6 ms per buffer for one row and 1.7 ms for 64 on an H100,
+2026-11-27, 12 buffers per join), and one row per index on the CPU, whose kernel copies a slice
+as one memcpy but pays per index.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from contract.graphs import (
     GREEDY_PICK_FILE,
     ROWS,
     SOURCE_ROWS,
+    VECTOR_SCATTER,
     WIDTH,
     cache_buffer_names,
     is_scale,
@@ -56,7 +59,7 @@ from export.greedy_pick import greedy_pick_model
 
 HELPER_OPSET = 18
 # what the manifest says of the helper graphs' scatters (exports before 2026-11-27 lack it)
-CACHE_SCATTER = "one vector per index"
+CACHE_SCATTER = "one vector per index where vector_scatter, else one row"
 _ONNX_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 INT8_EPSILON = 1e-8  # the smallest absolute maximum a quantised vector is scaled by
 
@@ -141,15 +144,12 @@ def quantize_vectors(
 def cache_copy_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str) -> onnx.ModelProto:
     """``cache_copy``: ``rows`` of every past key / value become copies of ``source_rows``."""
     names = cache_buffer_names("past", num_layers, kv_dtype)
-    nodes: list[onnx.NodeProto] = []
-    indices: dict[tuple[int, bool], str] = {}
-    for name in names:
-        nodes.append(helper.make_node("Gather", [name, SOURCE_ROWS], [f"{name}_rows"], axis=0))
-        nodes += _scatter_rows(name, f"{name}_rows", _layout(name, kv_dtype), indices)
+    nodes = [helper.make_node("Gather", [n, SOURCE_ROWS], [f"{n}_rows"], axis=0) for n in names]
+    nodes += _scatter_rows([(n, f"{n}_rows") for n in names], kv_dtype)
     graph = helper.make_graph(
         nodes,
         CACHE_COPY,
-        [_rows_input(ROWS), _rows_input(SOURCE_ROWS)]
+        [_rows_input(ROWS), _rows_input(SOURCE_ROWS), _vector_scatter_input()]
         + [_buffer(n, kv_dtype, heads, head_dim, "capacity") for n in names],
         [_buffer(written_name(n), kv_dtype, heads, head_dim, "capacity") for n in names],
         initializer=_vector_index_constants(),
@@ -163,8 +163,8 @@ def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str)
     int8 = kv_dtype == "int8"
     update_type = TensorProto.FLOAT if int8 else _ONNX_TYPES[kv_dtype]
     nodes: list[onnx.NodeProto] = []
-    indices: dict[tuple[int, bool], str] = {}
-    inputs, outputs = [_rows_input(ROWS)], []
+    writes: list[tuple[str, str]] = []
+    inputs, outputs = [_rows_input(ROWS), _vector_scatter_input()], []
     for name in kv_names("cross", num_layers):
         new = update_name(name)
         inputs.append(
@@ -184,10 +184,11 @@ def cache_write_model(num_layers: int, heads: int, head_dim: int, kv_dtype: str)
             inputs.append(_buffer(buffer, kv_dtype, heads, head_dim, "source_capacity"))
             axis = width_axis(buffer, kv_dtype)
             nodes += _pad_to_buffer(buffer, value, axis)
-            nodes += _scatter_rows(buffer, f"{value}_padded", _layout(buffer, kv_dtype), indices)
+            writes.append((buffer, f"{value}_padded"))
             outputs.append(
                 _buffer(written_name(buffer), kv_dtype, heads, head_dim, "source_capacity")
             )
+    nodes += _scatter_rows(writes, kv_dtype)
     graph = helper.make_graph(
         nodes,
         CACHE_WRITE,
@@ -233,27 +234,54 @@ def cache_resize_model(
     return _model(graph)
 
 
-def _layout(buffer: str, kv_dtype: str) -> tuple[int, bool]:
-    """Buffers of one layout key have the same shape, so they share their scatter indices."""
-    return width_axis(buffer, kv_dtype), is_scale(buffer)
+def _scatter_rows(writes: list[tuple[str, str]], kv_dtype: str) -> list[onnx.NodeProto]:
+    """Each ``(buffer, value)``: ``buffer``'s ``ROWS`` overwritten by ``value`` [n, a, b, c].
 
-
-def _scatter_rows(
-    buffer: str, rows_value: str, layout: tuple[int, bool], indices: dict[tuple[int, bool], str]
-) -> list[onnx.NodeProto]:
-    """``buffer``'s ``ROWS`` overwritten by ``rows_value`` [n, a, b, c], one vector per index.
-
-    The indices are built once per layout (``indices`` keeps their names) from the first value
-    of that layout: every buffer of a layout has the same shape.
+    The indices come from one ``If`` on ``VECTOR_SCATTER``: (``ROWS``[i], j, k) per vector
+    [n, a, b, 3], or ``ROWS``[i] per row [n, 1]; once per layout (buffers of one layout have
+    one shape), from the first value of that layout. The ``If`` follows the nodes that make the
+    values and precedes every scatter.
     """
-    nodes = []
-    if layout not in indices:
-        indices[layout] = f"indices_{layout[0]}{'_scale' * layout[1]}"
-        nodes += _vector_indices(rows_value, indices[layout])
-    scatter = helper.make_node(
-        "ScatterND", [buffer, indices[layout], rows_value], [written_name(buffer)]
-    )
-    return [*nodes, scatter]
+
+    def layout(buffer: str) -> tuple[int, bool]:
+        return width_axis(buffer, kv_dtype), is_scale(buffer)
+
+    layouts: dict[tuple[int, bool], str] = {}  # layout -> its first value
+    for buffer, value in writes:
+        layouts.setdefault(layout(buffer), value)
+    names = {layout: f"indices_{layout[0]}{'_scale' * layout[1]}" for layout in layouts}
+    by_vector = [
+        n for key, value in layouts.items() for n in _vector_indices(value, names[key] + "_v")
+    ]
+    by_row = [helper.make_node("Unsqueeze", [ROWS, "one_1d"], ["indices_by_row"])] + [
+        helper.make_node("Identity", ["indices_by_row"], [name + "_r"]) for name in names.values()
+    ]
+    branches = {
+        key: helper.make_graph(
+            body,
+            f"indices_{key}",
+            [],
+            [
+                helper.make_tensor_value_info(n + suffix, TensorProto.INT64, None)
+                for n in names.values()
+            ],
+        )
+        for key, body, suffix in (("then_branch", by_vector, "_v"), ("else_branch", by_row, "_r"))
+    }
+    pick = helper.make_node("If", [VECTOR_SCATTER], list(names.values()), **branches)
+    scatters = [
+        helper.make_node(
+            "ScatterND",
+            [buffer, names[layout(buffer)], value],
+            [written_name(buffer)],
+        )
+        for buffer, value in writes
+    ]
+    return [pick, *scatters]
+
+
+def _vector_scatter_input() -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(VECTOR_SCATTER, TensorProto.BOOL, [1])
 
 
 def _vector_indices(like: str, out: str) -> list[onnx.NodeProto]:

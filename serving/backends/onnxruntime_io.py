@@ -40,6 +40,7 @@ from contract.graphs import (
     LOGITS,
     ROWS,
     SOURCE_ROWS,
+    VECTOR_SCATTER,
     WIDTH,
     cache_buffer_names,
     kv_names,
@@ -121,6 +122,9 @@ class InPlaceDecoder:
         # CPU float buffers take a joiner's cross keys / values by numpy assignment into their
         # host memory: what ``cache_write`` does, without a graph run per admission
         self.host_writes = device.kind == "cpu" and layout == "float"
+        # the helper graphs' scatters write a vector per index on a GPU (its ScatterND copies an
+        # index's slice in one thread), a row per index on the CPU (``contract.graphs``)
+        self.vector_scatter = device.kind != "cpu"
         # where the encoder leaves a joiner's cross keys / values for ``write_cross``: on the
         # cache's device (None: the host, as numpy arrays)
         self.encoder_device = None if device.kind == "cpu" else (device.kind, device.index)
@@ -391,6 +395,8 @@ class InPlaceDecoder:
         for name, buffer in buffers.items():
             buffer.bind(io, name, self.rows)
             buffer.bind(io, written_name(name), self.rows, output=True)
+        if VECTOR_SCATTER in {i.name for i in session.get_inputs()}:  # exports since 2026-11-27
+            io.bind_cpu_input(VECTOR_SCATTER, np.array([self.vector_scatter]))
         self._helpers[graph] = (width, io)
         return io
 

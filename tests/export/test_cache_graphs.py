@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from contract.graphs import (
     ROWS,
     SOURCE_ROWS,
+    VECTOR_SCATTER,
     WIDTH,
     cache_buffer_names,
     is_scale,
@@ -137,10 +138,11 @@ def test_int8_cache_resize_cuts_or_pads_along_each_buffers_positions(
 @given(
     source=st.integers(1, 6),
     rows=st.lists(st.integers(0, 3), min_size=1, max_size=3, unique=True),
+    by_vector=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_int8_cache_write_quantises_new_rows_into_place(
-    source: int, rows: list[int], seed: int
+    source: int, rows: list[int], by_vector: bool, seed: int
 ) -> None:
     """cache_write takes the encoder's float keys / values and writes them quantised (one scale
     per vector, keys transposed), zero-padded to the buffers' width; other rows keep theirs."""
@@ -158,7 +160,10 @@ def test_int8_cache_write_quantises_new_rows_into_place(
     outputs = dict(
         zip(
             names,
-            write.run([written_name(n) for n in names], {ROWS: np.array(rows), **buffers, **new}),
+            write.run(
+                [written_name(n) for n in names],
+                {ROWS: np.array(rows), VECTOR_SCATTER: np.array([by_vector]), **buffers, **new},
+            ),
             strict=True,
         )
     )
@@ -182,11 +187,17 @@ def test_int8_cache_write_quantises_new_rows_into_place(
     assert (np.abs(restored - new[update_name(name)]) <= step / 2 + 1e-6).all()
 
 
-def test_int8_cache_copy_copies_values_and_scales() -> None:
+@pytest.mark.parametrize("by_vector", [True, False])
+def test_int8_cache_copy_copies_values_and_scales(by_vector: bool) -> None:
     rng = np.random.default_rng(0)
     buffers = int8_buffers(rng, 4, 5)
     copy = session(cache_copy_model(LAYERS, HEADS, HEAD_DIM, "int8"))
-    feeds = {ROWS: np.array([0, 3]), SOURCE_ROWS: np.array([2, 2]), **buffers}
+    feeds = {
+        ROWS: np.array([0, 3]),
+        SOURCE_ROWS: np.array([2, 2]),
+        VECTOR_SCATTER: np.array([by_vector]),
+        **buffers,
+    }
     outputs = copy.run([written_name(n) for n in INT8_NAMES], feeds)
     for name, out in zip(INT8_NAMES, outputs, strict=True):
         before = buffers[name]
@@ -202,13 +213,15 @@ def test_int8_cache_copy_copies_values_and_scales() -> None:
     source=st.integers(1, 6),
     rows=st.lists(st.integers(0, 4), min_size=1, max_size=4, unique=True),
     kv_dtype=st.sampled_from(["fp32", "fp16"]),
+    by_vector=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_cache_write_puts_new_rows_in_place_zero_padded(
-    source: int, rows: list[int], kv_dtype: str, seed: int
+    source: int, rows: list[int], kv_dtype: str, by_vector: bool, seed: int
 ) -> None:
     """The joiners' cross keys / values land in their rows (in any order), zero-padded to the
-    buffers' width over what the rows held; the other rows keep theirs."""
+    buffers' width over what the rows held; the other rows keep theirs. Alike whether the
+    scatters take a vector (GPU) or a row (CPU) per index."""
     dtype = np.float32 if kv_dtype == "fp32" else np.float16
     rng = np.random.default_rng(seed)
     capacity, total = 6, 5
@@ -221,7 +234,8 @@ def test_cache_write_puts_new_rows_in_place_zero_padded(
         for n in names
     }
     write = session(cache_write_model(LAYERS, HEADS, HEAD_DIM, kv_dtype))
-    outputs = write.run([written_name(n) for n in names], {ROWS: np.array(rows), **buffers, **new})
+    feeds = {ROWS: np.array(rows), VECTOR_SCATTER: np.array([by_vector]), **buffers, **new}
+    outputs = write.run([written_name(n) for n in names], feeds)
     others = [r for r in range(total) if r not in rows]
     for name, out in zip(names, outputs, strict=True):
         np.testing.assert_array_equal(out[rows, :, :source], new[update_name(name)])
@@ -237,10 +251,11 @@ def test_cache_write_puts_new_rows_in_place_zero_padded(
         max_size=4,
         unique_by=lambda pair: pair[0],
     ),
+    by_vector=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_cache_copy_continues_source_rows_in_their_target_rows(
-    pairs: list[tuple[int, int]], seed: int
+    pairs: list[tuple[int, int]], by_vector: bool, seed: int
 ) -> None:
     """Beam search's copy: every target row becomes its source row as it was before the call
     (a row can be a source and a target at once), the other rows stay."""
@@ -250,7 +265,8 @@ def test_cache_copy_continues_source_rows_in_their_target_rows(
     rows, sources = (np.array(column) for column in zip(*pairs, strict=True))
     copy = session(cache_copy_model(LAYERS, HEADS, HEAD_DIM, "fp32"))
     outputs = copy.run(
-        [written_name(n) for n in names], {ROWS: rows, SOURCE_ROWS: sources, **buffers}
+        [written_name(n) for n in names],
+        {ROWS: rows, SOURCE_ROWS: sources, VECTOR_SCATTER: np.array([by_vector]), **buffers},
     )
     others = [r for r in range(5) if r not in rows]
     for name, out in zip(names, outputs, strict=True):
@@ -258,13 +274,17 @@ def test_cache_copy_continues_source_rows_in_their_target_rows(
         np.testing.assert_array_equal(out[others], buffers[name][others])
 
 
+@pytest.mark.parametrize("by_vector", [True, False])
 @pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "int8"])
 @pytest.mark.parametrize("graph", ["cache_write", "cache_copy"])
-def test_every_scatter_writes_one_vector_per_index(graph: str, kv_dtype: str) -> None:
+def test_scatters_write_a_vector_per_index_on_a_gpu_and_a_row_on_the_cpu(
+    graph: str, kv_dtype: str, by_vector: bool
+) -> None:
     """ONNX Runtime's CUDA ScatterND copies each index's slice in one thread: whole rows as
-    slices ran a join's writes in one thread per row (0.6-1.7 ms per buffer on an H100). Each
-    scatter's indices, made outputs of the graph and run, address single vectors: [n, a, b, 3]
-    for updates [n, a, b, c]."""
+    slices ran a join's writes in one thread per row (0.6-1.7 ms per buffer on an H100), so
+    with ``vector_scatter`` (the server sets it on a GPU) each scatter's indices, made outputs
+    of the graph and run, address single vectors, [n, a, b, 3] for updates [n, a, b, c]; without
+    it (the CPU, whose kernel pays per index) rows, [n, 1]."""
     build = cache_write_model if graph == "cache_write" else cache_copy_model
     model = build(LAYERS, HEADS, HEAD_DIM, kv_dtype)
     scatters = [n for n in model.graph.node if n.op_type == "ScatterND"]
@@ -284,7 +304,7 @@ def test_every_scatter_writes_one_vector_per_index(graph: str, kv_dtype: str) ->
             n: rng.standard_normal((4, HEADS, 6, HEAD_DIM)).astype(dtype)
             for n in kv_names(prefix, LAYERS)
         }
-    feeds: dict[str, np.ndarray] = {ROWS: rows, **buffers}
+    feeds: dict[str, np.ndarray] = {ROWS: rows, VECTOR_SCATTER: np.array([by_vector]), **buffers}
     if graph == "cache_write":
         update = np.float32 if kv_dtype == "int8" else next(iter(buffers.values())).dtype
         for name in kv_names("cross", LAYERS):
@@ -294,5 +314,8 @@ def test_every_scatter_writes_one_vector_per_index(graph: str, kv_dtype: str) ->
     values = dict(zip(watched, session(model).run(watched, feeds), strict=True))
     for scatter in scatters:
         indices, updates = values[scatter.input[1]], values[scatter.input[2]]
-        assert indices.shape == (*updates.shape[:3], 3)
-        assert (indices[..., 0] == rows[:, None, None]).all()
+        if by_vector:
+            assert indices.shape == (*updates.shape[:3], 3)
+            assert (indices[..., 0] == rows[:, None, None]).all()
+        else:
+            np.testing.assert_array_equal(indices, rows[:, None])

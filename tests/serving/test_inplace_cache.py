@@ -393,6 +393,34 @@ def test_host_cross_writes_equal_the_cache_write_graph(
         np.testing.assert_array_equal(mine[others], before[others])
 
 
+@pytest.mark.parametrize("kv_dtype", ["float", "int8"])
+def test_vector_and_row_scatters_fill_the_caches_alike(
+    tiny_repository: Path, int8_repository: Path, kv_dtype: str
+) -> None:
+    """A GPU's helper graphs scatter one vector per index, the CPU's one row
+    (``vector_scatter``): a join's cross writes and a beam's row copies leave the same buffers
+    either way. Here both run on the CPU's kernels, the GPU's way chosen by hand."""
+    entry = tiny_repository / "translator" if kv_dtype == "float" else int8_repository / "kv8"
+    decoder = load(entry)[2].decoder
+    assert not decoder.vector_scatter  # the CPU's way
+    decoder.host_writes = False  # through the cache_write graph
+    rng = np.random.default_rng(7)
+    buffers = list(decoder.cross.values()) + list(decoder.past.values())
+    first = next(iter(decoder.cross.values()))  # a key buffer: heads, head size
+    cross = [rng.standard_normal((2, first.heads, 3, first.inner)) for _ in decoder.updates]
+    results = []
+    for vector_scatter in (False, True):
+        for buffer in buffers:  # the same stale values before each way
+            buffer._host[...] = np.random.default_rng(1).integers(-9, 9, buffer._host.shape)
+        decoder.vector_scatter = vector_scatter
+        decoder._helpers.clear()  # the kept bindings hold the flag
+        decoder.write_cross(np.array([3, 0]), cross)
+        decoder.copy_rows(np.array([1, 2]), np.array([2, 0]))
+        results.append([b._host.copy() for b in buffers])
+    for by_row, by_vector in zip(*results, strict=True):
+        np.testing.assert_array_equal(by_vector, by_row)
+
+
 def test_encoder_outputs_left_on_the_device_fill_the_cache_alike(tiny_repository: Path) -> None:
     """The encoder's cross keys / values left as OrtValues on the cache's device (here the CPU's:
     on a GPU they never cross to the host) are what ``encode`` returns, and admitting them through
