@@ -217,8 +217,8 @@ def _decoding(
 def is_current_export(manifest: dict[str, Any]) -> bool:
     """Whether an export's manifest is as today's exports write it: the fused projections
     (2026-11-27: graphs of fewer nodes, ``export.fused_projections``) and an in-place decoder's
-    cache graphs writing one vector per scatter index (2026-11-27 evening: joins on CUDA). The
-    benchmarks' caches export older ones again."""
+    cache graphs choosing their scatter indices by device (2026-11-27 evening, ``vector_scatter``:
+    joins on CUDA). The benchmarks' caches export older ones again."""
     from export.cache_graphs import CACHE_SCATTER
 
     graphs = manifest.get("graphs", {})

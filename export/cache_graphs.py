@@ -249,7 +249,7 @@ def _scatter_rows(writes: list[tuple[str, str]], kv_dtype: str) -> list[onnx.Nod
     layouts: dict[tuple[int, bool], str] = {}  # layout -> its first value
     for buffer, value in writes:
         layouts.setdefault(layout(buffer), value)
-    names = {layout: f"indices_{layout[0]}{'_scale' * layout[1]}" for layout in layouts}
+    names = {key: f"indices_{key[0]}{'_scale' * key[1]}" for key in layouts}
     by_vector = [
         n for key, value in layouts.items() for n in _vector_indices(value, names[key] + "_v")
     ]
