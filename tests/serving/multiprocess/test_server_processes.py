@@ -134,11 +134,19 @@ def test_metrics_add_up_over_the_processes(servers) -> None:
     assert sample(after, "attnserve_batch_size_count", model="vit", stage="classifier") > 0
 
 
-def test_cancelled_streams_free_the_engine_rows(servers) -> None:
-    _, multi = servers
-    url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
+def test_cancelled_streams_free_the_engine_rows(tiny_repository: Path, tmp_path: Path) -> None:
+    """48 streams of 32 tokens through two decode rows: cancelled after the first tokens, those
+    decoding free their rows and cached tokens and those queued never run, across processes.
+    (With the module's server, six streams that all decode at once could finish before the
+    metrics were read, and once did.)"""
+    repository = copy_repository(
+        tiny_repository, tmp_path / "repo", translator={"batching": {"max_active_sequences": 2}}
+    )
+    server = ServeProcess(repository, "--metrics-port", "0", "--frontend-workers", "2").start()
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     long = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
-    channels = [grpc.insecure_channel(multi.address) for _ in range(6)]
+    own = [("grpc.use_local_subchannel_pool", 1)]  # connections of their own: both frontends
+    channels = [grpc.insecure_channel(server.address, options=own) for _ in range(48)]
     try:
         calls = [
             pb_grpc.AttnServeStub(ch).TranslateStream(
@@ -146,21 +154,29 @@ def test_cancelled_streams_free_the_engine_rows(servers) -> None:
             )
             for ch in channels
         ]
-        for call in calls:
-            next(call)  # decoding in the engine process
-        assert sample(scrape(url), "attnserve_active_sequences", model="translator") > 0
+        assert wait_until(  # decoding in the engine process, the rest in its queue
+            lambda: (
+                sample(scrape(url), "attnserve_active_sequences", model="translator") > 0
+                and sample(scrape(url), "attnserve_queue_depth", model="translator") > 0
+            ),
+            timeout=20,
+        )
         for call in calls:
             call.cancel()
         assert wait_until(
             lambda: (
                 sample(scrape(url), "attnserve_active_sequences", model="translator") == 0
                 and sample(scrape(url), "attnserve_kv_cache_tokens", model="translator") == 0
+                and sample(scrape(url), "attnserve_queue_depth", model="translator") == 0
             ),
             timeout=20,
         )
+        generated = sample(scrape(url), "attnserve_generated_tokens_total", model="translator")
+        assert 0 < generated < 48 * 32 / 2, generated  # some decoded, most never ran
     finally:
         for channel in channels:
             channel.close()
+        server.stop()
 
 
 def test_errors_keep_their_status_across_processes(servers) -> None:
@@ -200,7 +216,10 @@ def stream_outcome(address: str, decoding: threading.Semaphore) -> tuple[str, fl
     started = time.monotonic()
     long = pb.DecodingOptions(max_new_tokens=48, min_new_tokens=48)
     request = pb.TranslateStreamRequest(text="ninety", target_language="de", options=long)
-    with grpc.insecure_channel(address) as channel:
+    # a connection of its own: channels to one address otherwise share gRPC's global
+    # subchannel, i.e. one TCP connection and one frontend for all 64 streams
+    own = [("grpc.use_local_subchannel_pool", 1)]
+    with grpc.insecure_channel(address, options=own) as channel:
         stub = pb_grpc.AttnServeStub(channel)
         try:
             for index, _ in enumerate(stub.TranslateStream(request, timeout=60)):
@@ -223,19 +242,28 @@ def test_a_killed_child_ends_the_server_with_code_1(
         tmp_path / "repo",
         translator={"batching": {"max_active_sequences": 1}},
     )
-    server = ServeProcess(repository, "--frontend-workers", "2", "--models", "translator", grace=3)
+    server = ServeProcess(
+        repository,
+        *("--frontend-workers", "2", "--models", "translator", "--metrics-port", "0"),
+        grace=3,
+    )
     server.start()
     try:
         engine, frontends = child_pids(server)
         decoding = threading.Semaphore(0)
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
         with ThreadPoolExecutor(64) as pool:
             streams = [pool.submit(stream_outcome, server.address, decoding) for _ in range(64)]
-            # The second stream decodes (one decode row: the first is done), so the others have
-            # connected to either frontend and wait in the engine's queue. With a fixed 0.25 s
-            # sleep instead, one CI run saw all 64 end OK about 1.35 s after they started:
-            # apparently they connected only after the kill, to the frontend that was left.
+            # The second stream decodes (one decode row: the first is done) and half of the
+            # streams wait in the engine's queue, over connections of their own, so both
+            # frontends hold some. CI runs saw all 64 end OK twice: with a fixed 0.25 s sleep,
+            # and when every stream shared one connection (to the frontend left alive).
             for _ in range(2):
                 assert decoding.acquire(timeout=30)
+            assert wait_until(
+                lambda: sample(scrape(url), "attnserve_queue_depth", model="translator") >= 32,
+                timeout=30,
+            )
             os.kill(engine if victim == "engine" else frontends[0], signal.SIGKILL)
             outcomes = [f.result(timeout=30) for f in streams]
         codes = {code for code, _ in outcomes}
