@@ -63,14 +63,15 @@ REQUESTS = 14  # more than the engine's 6 rows: slots are given back and taken a
 async def _generate(
     engine: Any, keys: list[int], stagger: float, one_sink: bool = False
 ) -> list[tuple[int, Event]]:
-    """Requests ``keys`` (sources and options by key): even keys routed to one of two sinks,
-    odd ones as events (``one_sink``: every key routed to one sink); all events and sink
+    """Requests ``keys`` (sources and options by key), submitted in pairs ``stagger`` seconds
+    apart (a pair's two share steps however fast the machine): even keys routed to one of two
+    sinks, odd ones as events (``one_sink``: every key routed to one sink); all events and sink
     tokens, in arrival order."""
     loop = asyncio.get_running_loop()
     log: list[tuple[int, Event]] = []
     sinks = [RecordingSink(loop, log), RecordingSink(loop, log)]
     ended = []
-    for key in keys:
+    for index, key in enumerate(keys):
         options = GREEDY[key % len(GREEDY)]
         request = GenerationRequest(options=options, source_ids=source(key))
         if one_sink:
@@ -78,7 +79,8 @@ async def _generate(
         elif key % 2 == 0:
             request.token_route = (sinks[key % 4 // 2], key)
         ended.append(submit_logged(engine, request, key, log))
-        await asyncio.sleep(stagger)
+        if index % 2:
+            await asyncio.sleep(stagger)
     await asyncio.wait_for(asyncio.gather(*ended), 60)
     return log
 
