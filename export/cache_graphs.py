@@ -85,10 +85,27 @@ def _rows_input(name: str) -> onnx.ValueInfoProto:
 
 
 def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    """The checked model of ``graph``, without the constants no node reads (ONNX Runtime logs a
+    warning for each one at every session's creation)."""
+    used = _node_inputs(graph)
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", HELPER_OPSET)])
     model.ir_version = 9
     onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _node_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Every name the nodes of ``graph`` read, those of its subgraphs (an ``If``'s) included."""
+    names = set()
+    for node in graph.node:
+        names.update(node.input)
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                names |= _node_inputs(attribute.g)
+    return names
 
 
 def _axis_constants() -> list[onnx.TensorProto]:
