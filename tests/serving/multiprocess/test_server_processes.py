@@ -34,6 +34,9 @@ from tests.reliability.harness import copy_repository, sample, scrape, wait_unti
 
 TIMEOUT = 60
 TEXTS = [f"{n} three hundred and twelve" for n in range(6)]
+# a channel with a connection of its own: channels to one address otherwise share gRPC's global
+# subchannel, i.e. one TCP connection and one frontend for all of them
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +148,7 @@ def test_cancelled_streams_free_the_engine_rows(tiny_repository: Path, tmp_path:
     server = ServeProcess(repository, "--metrics-port", "0", "--frontend-workers", "2").start()
     url = f"http://127.0.0.1:{server.metrics_port}/metrics"
     long = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
-    own = [("grpc.use_local_subchannel_pool", 1)]  # connections of their own: both frontends
-    channels = [grpc.insecure_channel(server.address, options=own) for _ in range(48)]
+    channels = [grpc.insecure_channel(server.address, options=OWN_CONNECTION) for _ in range(48)]
     try:
         calls = [
             pb_grpc.AttnServeStub(ch).TranslateStream(
@@ -216,10 +218,7 @@ def stream_outcome(address: str, decoding: threading.Semaphore) -> tuple[str, fl
     started = time.monotonic()
     long = pb.DecodingOptions(max_new_tokens=48, min_new_tokens=48)
     request = pb.TranslateStreamRequest(text="ninety", target_language="de", options=long)
-    # a connection of its own: channels to one address otherwise share gRPC's global
-    # subchannel, i.e. one TCP connection and one frontend for all 64 streams
-    own = [("grpc.use_local_subchannel_pool", 1)]
-    with grpc.insecure_channel(address, options=own) as channel:
+    with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
         stub = pb_grpc.AttnServeStub(channel)
         try:
             for index, _ in enumerate(stub.TranslateStream(request, timeout=60)):
