@@ -3,7 +3,10 @@
 A CUDA graph replays the kernels of one captured run on the same device memory, so a step that
 is to be replayed may not bind anything new: its token ids, lengths and logits live in tensors
 made once per step shape (batch rows and cache widths), and each step overwrites its inputs in
-place (``OrtValue.update_inplace``) before ONNX Runtime runs the graph of that shape. The run
+place before ONNX Runtime runs the graph of that shape. The three inputs are bound as the rows of
+one (3, batch) int64 tensor, which a step fills with one copy (``OrtValue.update_inplace``, from
+page-locked memory on CUDA): each copy to a GPU is a synchronous call of its own, three per step
+before. The run
 option ``gpu_graph_id`` names the graph; ONNX Runtime's CUDA provider (``enable_cuda_graph``)
 captures a graph id's run after its warm-up runs and replays it from then on. The KV cache
 buffers are fixed already (``cache_buffers.CacheBuffer``).
@@ -27,7 +30,8 @@ from serving.backends.host_memory import CudaHost, pinned_empty
 log = logging.getLogger(__name__)
 
 GRAPH_ID = "gpu_graph_id"  # ONNX Runtime's run option: the graph a run captures or replays
-STEP_INPUTS = {"input_ids": 2, "cache_lengths": 1, "cross_lengths": 1}  # name -> rank (int64)
+# the step's int64 inputs in the rows of its packed tensor: name -> rank ((batch, 1) or (batch,))
+STEP_INPUTS = {"input_ids": 2, "cache_lengths": 1, "cross_lengths": 1}
 CUDA_GRAPH_OPTION = "enable_cuda_graph"  # the CUDA provider's option that turns capture on
 # Graph ids are unique in the process (from 1: 0 is ONNX Runtime's own, -1 means "no graph"), so
 # that two decoders on one session could never replay each other's graphs.
@@ -48,7 +52,8 @@ class _Shape:
     """One step shape's binding: its inputs and logits, and the graph id it runs as."""
 
     io: ort.IOBinding
-    inputs: dict[str, ort.OrtValue]
+    packed: ort.OrtValue  # the inputs, one row of ``STEP_INPUTS`` each: (3, batch) int64
+    staging: np.ndarray  # the host side of ``packed`` (page-locked where ``CudaHost`` can)
     logits: ort.OrtValue
     host_logits: np.ndarray | None  # the CPU logits' memory (read without a copy)
     run_options: ort.RunOptions
@@ -128,8 +133,10 @@ class CapturedSteps:
         if shape is None:
             graph_id = next(_GRAPH_IDS) if len(self._shapes) < self.max_graphs else NO_GRAPH
             shape = self._shapes[key] = self._bind(batch, bind_caches, graph_id)
-        for name, value in feeds.items():
-            shape.inputs[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
+        staging = shape.staging
+        for row, name in enumerate(STEP_INPUTS):
+            staging[row] = feeds[name].reshape(-1)
+        shape.packed.update_inplace(staging)
         try:
             self.session.run_with_iobinding(shape.io, shape.run_options)
         except Exception as err:  # onnxruntime's exceptions are not a public hierarchy
@@ -174,12 +181,14 @@ class CapturedSteps:
     ) -> _Shape:
         io = self.session.io_binding()
         bind_caches(io)
-        inputs = {}
-        for name, rank in STEP_INPUTS.items():
-            dims = [batch, 1][:rank]
-            value = ort.OrtValue.ortvalue_from_shape_and_type(dims, np.int64, self.kind, self.index)
-            io.bind_ortvalue_input(name, value)
-            inputs[name] = value
+        staging = pinned_empty((len(STEP_INPUTS), batch), self.host, np.int64)
+        packed = ort.OrtValue.ortvalue_from_shape_and_type(
+            list(staging.shape), np.int64, self.kind, self.index
+        )
+        row_bytes = batch * staging.itemsize
+        for row, (name, rank) in enumerate(STEP_INPUTS.items()):
+            pointer = packed.data_ptr() + row * row_bytes
+            io.bind_input(name, self.kind, self.index, np.int64, [batch, 1][:rank], pointer)
         host = None
         if self.kind == "cpu":
             host = np.zeros((batch, 1, self.vocab_size), dtype=np.float32)
@@ -194,4 +203,4 @@ class CapturedSteps:
         pinned = None
         if self.kind != "cpu" and self.host is not None:
             pinned = pinned_empty((batch, 1, self.vocab_size), self.host)
-        return _Shape(io, inputs, logits, host, run_options, graph_id, pinned)
+        return _Shape(io, packed, staging, logits, host, run_options, graph_id, pinned)

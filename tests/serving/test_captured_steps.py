@@ -78,12 +78,14 @@ def test_each_step_shape_keeps_its_memory_and_graph_id(tiny_repository: Path) ->
     ]
     assert captured.graphs == 1  # rows 0..2 ran as the bucket of 4, twice
     (shape,) = captured._shapes.values()
-    pointers = {name: value.data_ptr() for name, value in shape.inputs.items()}
+    pointer = shape.packed.data_ptr()
     third = cache.step(rows[0], np.array([8, 9, 10]), np.array([2, 2, 2]))
-    assert {name: v.data_ptr() for name, v in shape.inputs.items()} == pointers
+    assert shape.packed.data_ptr() == pointer
     # the inputs were overwritten in place: the third step's values, the idle row padded
-    assert shape.inputs["input_ids"].numpy()[:, 0].tolist() == [8, 9, 10, cache.pad_id]
-    assert shape.inputs["cache_lengths"].numpy().tolist() == [2, 2, 2, 0]
+    ids_row, lengths_row, cross_row = shape.packed.numpy().tolist()
+    assert ids_row == [8, 9, 10, cache.pad_id]
+    assert lengths_row == [2, 2, 2, 0]
+    assert cross_row == [4, 4, 4, 1]  # the source's 4 tokens; 1 for the idle row
     first = int(shape.run_options.get_run_config_entry(GRAPH_ID))
     assert first >= 1  # 0 is ONNX Runtime's own, -1 means no graph
     assert third.shape == steps[0].shape == (3, vocab)
