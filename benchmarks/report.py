@@ -211,7 +211,7 @@ def _engine_notes(result: dict[str, Any]) -> list[str]:
     for batch in result["settings"]["batches"]:
         entry = best.get(str(batch), {})
         splits = [
-            f"{p} {entry[f'best_ctranslate2_{p}']['engine'].rsplit('-', 1)[1]}"
+            f"{p} {entry[f'best_ctranslate2_{p}']['engine'].split(f'ctranslate2-{p}-', 1)[1]}"
             for p in ("fp32", "fp16", "int8")
             if f"best_ctranslate2_{p}" in entry
         ]
@@ -219,7 +219,9 @@ def _engine_notes(result: dict[str, Any]) -> list[str]:
             ct2_notes.append(f"batch {batch}: {', '.join(splits)}")
     lines = []
     if ct2_notes:
-        lines += ["", "Best CTranslate2 split (inter × intra): " + "; ".join(ct2_notes) + "."]
+        notes = "; ".join(ct2_notes)
+        forced = "; -avx512: with CT2_FORCE_CPU_ISA=AVX512" if "avx512" in notes else ""
+        lines += ["", f"Best CTranslate2 split (inter × intra{forced}): {notes}."]
     if result["skipped"]:
         skipped = "; ".join(f"{s['engine']} ({s['reason']})" for s in result["skipped"])
         lines += ["", f"Skipped: {skipped}."]

@@ -10,6 +10,7 @@ cache. ``build_runners`` builds them, each in its own spawned worker process by 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from benchmarks.attnserve_runner import (
     export_attnserve,
 )
 from benchmarks.engine_settings import EngineSettings
+from benchmarks.machine import cpu_model_and_flags
 from benchmarks.output import log
 from benchmarks.peers import (
     CT2_TYPES,
@@ -31,6 +33,8 @@ from benchmarks.peers import (
     Runner,
     Unavailable,
     convert_ctranslate2,
+    ct2_forced_isas,
+    ct2_name,
     ctranslate2_available,
     hf_available,
     hf_name,
@@ -125,6 +129,9 @@ def ctranslate2_specs(
 
     reason = ctranslate2_available(settings.device)
     splits = thread_splits(settings.threads) if settings.device == "cpu" else [(1, 1)]
+    isas: list[str | None] = [None]
+    if settings.device == "cpu" and settings.isolate:  # the override is per process
+        isas += ct2_forced_isas(*cpu_model_and_flags())
     specs = []
     for precision in settings.precisions:
         if reason is not None:
@@ -133,7 +140,7 @@ def ctranslate2_specs(
             continue
         quantization = CT2_TYPES[precision]
         model_dir = convert_ctranslate2(marian_dir, cache, quantization)
-        for inter, intra in splits:
+        for isa, (inter, intra) in itertools.product(isas, splits):
             kwargs = {
                 "model_dir": model_dir,
                 "vocabulary": vocabulary(settings.shape),
@@ -142,8 +149,9 @@ def ctranslate2_specs(
                 "inter_threads": inter,
                 "intra_threads": intra,
                 "device": settings.device,
+                "cpu_isa": isa,
             }
-            name = f"ctranslate2-{precision}-{inter}x{intra}"
+            name = ct2_name(precision, inter, intra, isa)
             specs.append(RunnerSpec(name, "ctranslate2", kwargs))
     return specs
 

@@ -22,6 +22,8 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("grpc")
 
 from benchmarks import schema
+from benchmarks.machine import cpu_model_and_flags
+from benchmarks.peers import ct2_forced_isas
 
 
 def bench(*argv: str) -> Path:
@@ -109,6 +111,10 @@ def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
         import ctranslate2  # noqa: F401
 
         assert any(n.startswith("ctranslate2-") for n in names)
+        # on an AVX-512 CPU that is not Intel's, CTranslate2 also ran with its AVX-512 kernels
+        for isa in ct2_forced_isas(*cpu_model_and_flags()):
+            forced = [e for e in result["engines"] if e["config"].get("cpu_isa") == isa]
+            assert forced and all(e["error"] is None for e in forced), forced
     except ImportError:
         assert any(s["engine"].startswith("ctranslate2") for s in result["skipped"])
     for row in result["results"]:

@@ -14,7 +14,14 @@ from benchmarks.engine_figures import derive, summary
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.engine_timing import bench_batch
 from benchmarks.marian import EOS_ID, TINY, source_ids
-from benchmarks.peers import Runner, thread_splits
+from benchmarks.peers import (
+    CTranslate2Runner,
+    Runner,
+    Unavailable,
+    ct2_forced_isas,
+    thread_splits,
+)
+from benchmarks.report import _engine_notes
 
 
 class FakeRunner(Runner):
@@ -169,6 +176,7 @@ def test_runner_specs_and_skips(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setattr(runners, "ctranslate2_available", lambda device: None)
     monkeypatch.setattr(runners, "convert_ctranslate2", lambda d, c, q: tmp_path / f"ct2-{q}")
     monkeypatch.setattr(runners, "hf_available", lambda device: "transformers is not installed")
+    monkeypatch.setattr(runners, "cpu_model_and_flags", lambda: ("Intel(R) Xeon(R)", AVX512))
     config = settings(engines=("ctranslate2", "hf"), threads=2)
     specs, skipped = runners.runner_specs(config, tmp_path / "marian", tmp_path)
     assert [s.name for s in specs] == [
@@ -183,6 +191,53 @@ def test_runner_specs_and_skips(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert thread_splits(1) == [(1, 1)]
     with pytest.raises(ValueError, match="factory"):
         runners.make_runner(runners.RunnerSpec("x", "nope", {}))
+
+
+AVX512 = {"avx2", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}
+
+
+def test_ctranslate2_also_runs_its_avx512_kernels_where_it_would_not_pick_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """On a CPU with AVX-512 that is not Intel's, each CTranslate2 split also runs with
+    CT2_FORCE_CPU_ISA=AVX512 (in its own process only), and the faster one is the peer."""
+    assert ct2_forced_isas("AMD EPYC", AVX512) == ["AVX512"]
+    assert ct2_forced_isas("Intel(R) Xeon(R) Processor", AVX512) == []  # its own pick already
+    assert ct2_forced_isas("AMD EPYC 7B12", {"avx2", "fma"}) == []
+    assert ct2_forced_isas("AMD EPYC", AVX512 - {"avx512bw"}) == []
+    monkeypatch.setattr(runners, "ctranslate2_available", lambda device: None)
+    monkeypatch.setattr(runners, "convert_ctranslate2", lambda d, c, q: tmp_path / f"ct2-{q}")
+    monkeypatch.setattr(runners, "cpu_model_and_flags", lambda: ("AMD EPYC", AVX512))
+    config = settings(engines=("ctranslate2",), threads=2, precisions=("int8",))
+    specs, _ = runners.runner_specs(config, tmp_path / "marian", tmp_path)
+    assert [(s.name, s.kwargs["cpu_isa"]) for s in specs] == [
+        ("ctranslate2-int8-1x2", None),
+        ("ctranslate2-int8-2x1", None),
+        ("ctranslate2-int8-1x2-avx512", "AVX512"),
+        ("ctranslate2-int8-2x1-avx512", "AVX512"),
+    ]
+    shared = settings(engines=("ctranslate2",), threads=2, precisions=("int8",), isolate=False)
+    specs, _ = runners.runner_specs(shared, tmp_path / "marian", tmp_path)
+    assert [s.kwargs["cpu_isa"] for s in specs] == [None, None]  # one process: one pick
+    rows = [
+        _row("attnserve-int8", "attnserve", "int8", 1, 0.1),
+        _row("ctranslate2-int8-2x1", "ctranslate2", "int8", 1, 0.3),
+        _row("ctranslate2-int8-2x1-avx512", "ctranslate2", "int8", 1, 0.2),
+    ]
+    derive(rows, config, peak_gflops=100.0)
+    assert rows[0]["ratio_to_ctranslate2"] == 2.0  # against the faster, forced one
+    document = {"summary": summary(rows, config), "settings": {"batches": [1]}, "skipped": []}
+    (note,) = [line for line in _engine_notes(document) if line]
+    assert note == (
+        "Best CTranslate2 split (inter × intra; -avx512: with CT2_FORCE_CPU_ISA=AVX512): "
+        "batch 1: int8 2x1-avx512."
+    )
+
+
+def test_a_forced_ctranslate2_isa_needs_a_fresh_process(tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")  # imported here: CTranslate2 has picked its kernels
+    with pytest.raises(Unavailable, match="process of its own"):
+        CTranslate2Runner(tmp_path, [], "int8", 4, 1, 1, cpu_isa="AVX512")
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
