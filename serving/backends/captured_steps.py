@@ -6,10 +6,9 @@ made once per step shape (batch rows and cache widths), and each step overwrites
 place before ONNX Runtime runs the graph of that shape. The three inputs are bound as the rows of
 one (3, batch) int64 tensor, which a step fills with one copy (``OrtValue.update_inplace``, from
 page-locked memory on CUDA): each copy to a GPU is a synchronous call of its own, three per step
-before. The run
-option ``gpu_graph_id`` names the graph; ONNX Runtime's CUDA provider (``enable_cuda_graph``)
-captures a graph id's run after its warm-up runs and replays it from then on. The KV cache
-buffers are fixed already (``cache_buffers.CacheBuffer``).
+before. The run option ``gpu_graph_id`` names the graph; ONNX Runtime's CUDA provider
+(``enable_cuda_graph``) captures a graph id's run after its warm-up runs and replays it from then
+on. The KV cache buffers are fixed already (``cache_buffers.CacheBuffer``).
 
 The same bindings run on the CPU, where there is nothing to capture; the tests check them there.
 """
