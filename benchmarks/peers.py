@@ -144,13 +144,14 @@ class CTranslate2Runner(Runner):
         compute_type = CT2_TYPES[precision]
         if device == "cuda" and precision == "int8":
             compute_type = "int8_float16"
-        split = f"inter {inter_threads} x intra {intra_threads}"
+        setup = f"inter {inter_threads} x intra {intra_threads}"
+        if cpu_isa:
+            setup += f", {CT2_ISA_VARIABLE}={cpu_isa}"
         super().__init__(
             name=ct2_name(precision, inter_threads, intra_threads, cpu_isa),
             family="ctranslate2",
             precision=precision,
-            label=f"CTranslate2 {precision} ({split}"
-            + (f", {CT2_ISA_VARIABLE}={cpu_isa})" if cpu_isa else ")"),
+            label=f"CTranslate2 {precision} ({setup})",
             config={
                 "version": ctranslate2.__version__,
                 "compute_type": compute_type,
