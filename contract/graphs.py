@@ -141,6 +141,18 @@ VECTOR_SCATTER = "vector_scatter"
 
 
 KV_CACHE_DTYPES = ("float", "int8")  # the in-place cache: the graphs' float type, or int8 + scales
+# the in-place decoder's attention over a float cache: ONNX's Attention op, or keys x query, a
+# masked Softmax, x values (export.matmul_attention: faster on the CPU)
+DECODE_ATTENTIONS = ("fused", "matmul")
+
+
+def default_decode_attention(precision: str, kv_cache_dtype: str) -> str | None:
+    """The decode attention an export gets unless asked: ``matmul`` for int8 graphs with a float
+    cache (int8 exports are for the CPU), ``fused`` for fp32 / fp16 (a GPU's fused kernels), None
+    with an int8 cache (whose attention is integer MatMuls of its own, ``export.kv_int8``)."""
+    if kv_cache_dtype == "int8":
+        return None
+    return "matmul" if precision == "int8" else "fused"
 
 
 def resize_buffer_names(count: int) -> list[str]:

@@ -47,6 +47,7 @@ MIN_PARITY_EXAMPLES = 100  # the end-to-end parity rule of `attnserve export`
 
 Precision = Literal["fp32", "fp16", "int8"]
 KvCacheDtype = Literal["float", "int8"]
+DecodeAttention = Literal["fused", "matmul"]
 
 
 # --------------------------------------------------------------------------- plan schema
@@ -59,6 +60,8 @@ class PlanDefaults:
     opset: int = 23  # ONNX opset; >= 23 gives the fused Attention op
     precision: Precision = "fp32"  # fp32 | fp16 | int8
     kv_cache_dtype: KvCacheDtype = "float"  # float | int8 (with precision int8)
+    # fused | matmul (the decoder's attention over a float cache; unset: matmul for int8)
+    decode_attention: DecodeAttention | None = None
     force: bool = False  # overwrite existing versions
     parity_examples: int = 128  # held-out examples checked end to end (>= 100)
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
@@ -77,6 +80,7 @@ class PlanModel:
     opset: int | None = None
     precision: Precision | None = None
     kv_cache_dtype: KvCacheDtype | None = None
+    decode_attention: DecodeAttention | None = None
     force: bool | None = None
     parity_examples: int | None = None
     tensorrt: bool | None = None

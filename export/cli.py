@@ -7,7 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contract.graphs import DEFAULT_OPSET, FUSED_ATTENTION_OPSET, KV_CACHE_DTYPES
+from contract.graphs import (
+    DECODE_ATTENTIONS,
+    DEFAULT_OPSET,
+    FUSED_ATTENTION_OPSET,
+    KV_CACHE_DTYPES,
+)
 from contract.tensorrt import FLAVOUR_CHOICES
 from models.config import MODEL_KINDS
 
@@ -48,6 +53,13 @@ def add_parsers(subparsers: Any) -> None:
         help="the in-place decoder's KV cache: float (the graphs' float type) or int8 (a scale "
         "per cached vector; with --precision int8: a quarter of the cache bytes, faster at large "
         "batches on the CPU)",
+    )
+    export.add_argument(
+        "--decode-attention",
+        choices=DECODE_ATTENTIONS,
+        help="the in-place decoder's attention over a float KV cache: fused (ONNX's Attention "
+        "op; a GPU's fused kernels) or matmul (keys x query, a masked Softmax, x values: faster "
+        "on the CPU at batches of 8 and more). Default: matmul with --precision int8, else fused",
     )
     export.add_argument(
         "--tensorrt",
@@ -110,6 +122,7 @@ def run_export(args: argparse.Namespace) -> int:
         opset=args.opset,
         precision=args.precision,
         kv_cache_dtype=args.kv_cache_dtype,
+        decode_attention=args.decode_attention,
         tensorrt=args.tensorrt,
         tensorrt_flavour=args.tensorrt_flavour,
         force=args.force,

@@ -15,6 +15,7 @@ import onnx
 import torch
 
 from contract.graphs import (
+    DECODE_ATTENTIONS,
     DECODER,
     DECODER_INPLACE,
     FUSED_ATTENTION_OPSET,
@@ -23,6 +24,7 @@ from contract.graphs import (
     MAX_OPSET,
     MIN_OPSET,
     OPTIONAL_INPLACE_GRAPH_FILES,
+    default_decode_attention,
 )
 from contract.images import pixel_values
 from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
@@ -32,6 +34,7 @@ from export.cast_round_trips import drop_cast_round_trips
 from export.errors import ExportError
 from export.fused_projections import fuse_projections
 from export.kv_int8 import int8_kv_cache
+from export.matmul_attention import matmul_attention
 from export.onnx_export import export_graph, op_census
 from export.parity import (
     ParityReport,
@@ -73,6 +76,9 @@ class ExportOptions:
     opset: int = FUSED_ATTENTION_OPSET  # >= 23: fused Attention op; lower: decomposed attention
     precision: str = "fp32"  # fp32 | fp16 | int8
     kv_cache_dtype: str = "float"  # float (the graphs' float type) | int8 (with --precision int8)
+    # the in-place decoder's attention with a float cache: fused (the Attention op) | matmul
+    # (export.matmul_attention, faster on the CPU); None: matmul for int8, else fused
+    decode_attention: str | None = None
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
     tensorrt_flavour: str | None = None  # auto | tensorrt | rtx (None: ATTNSERVE_TENSORRT_FLAVOUR)
     force: bool = False  # overwrite an existing version
@@ -105,6 +111,7 @@ def export(
         )
     if options.kv_cache_dtype == "int8" and options.precision != "int8":
         raise ExportError("--kv-cache-dtype int8 goes with --precision int8")
+    _check_decode_attention(options)
     if options.tensorrt and options.precision == "int8":
         raise ExportError("--tensorrt builds from fp32 or fp16 graphs; use --precision fp16")
     if not MIN_OPSET <= options.opset <= MAX_OPSET:
@@ -137,6 +144,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
     traced = model_for_precision(model, options.precision)
     specs = graph_specs(loaded.kind, traced)
     graphs: dict[str, Any] = {}
+    attention = decode_attention_of(options)
     with tempfile.TemporaryDirectory() as scratch:
         for spec in specs:
             final = version_dir / spec.filename
@@ -154,7 +162,13 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
                     shape = decoder_spec(loaded.model.config)
                     onnx_model = int8_kv_cache(onnx_model, shape.num_layers, shape.head_dim)
                     onnx.save(onnx_model, str(final))
+            if spec.name == DECODER_INPLACE and attention == "matmul":
+                shape = decoder_spec(loaded.model.config)
+                onnx_model = matmul_attention(onnx_model, shape.num_layers, shape.head_dim)
+                onnx.save(onnx_model, str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
+            if spec.name == DECODER_INPLACE and attention is not None:
+                graphs[spec.name]["decode_attention"] = attention
             graphs[spec.name]["fused_projections"] = fused
             if options.precision == "fp16":
                 graphs[spec.name]["cast_round_trips_removed"] = round_trips
@@ -174,8 +188,10 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
         "source": {"origin": loaded.origin, "sha256": loaded.checksum},
         "opset": options.opset,
         "precision": options.precision,
-        "fused_attention": all(
-            g["attention_nodes"] > 0 for g in graphs.values() if g["has_attention"]
+        "fused_attention": all(  # (but where --decode-attention chose MatMuls)
+            g["attention_nodes"] > 0
+            for g in graphs.values()
+            if g["has_attention"] and g.get("decode_attention") != "matmul"
         ),
         "graphs": graphs,
         "parity": report.as_dict(),
@@ -184,7 +200,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
         "files": [spec.filename for spec in specs] + helpers,
     }
     if helpers:
-        manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype)
+        manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype, attention)
     if options.tensorrt:
         from export.tensorrt import build_engines
 
@@ -209,14 +225,17 @@ def _write_cache_graphs(
     return write_cache_graphs(version_dir, spec.num_layers, spec.num_heads, spec.head_dim, kv_dtype)
 
 
-def _decoder_variants(graphs: dict[str, Any], helpers: list[str], kv_dtype: str) -> dict[str, Any]:
+def _decoder_variants(
+    graphs: dict[str, Any], helpers: list[str], kv_dtype: str, attention: str | None
+) -> dict[str, Any]:
     """What manifest.json says about the two decoder graphs: the server prefers the in-place
     one and falls back to the growing-cache graph where a runtime cannot run opset 24."""
-    written = (
-        "int8 with a scale per vector, keys transposed (TensorScatter + MatMulInteger attention)"
-        if kv_dtype == "int8"
-        else "TensorScatter + Attention with nonpad_kv_seqlen"
-    )
+    written = {
+        None: "int8 with a scale per vector, keys transposed (TensorScatter + MatMulInteger "
+        "attention)",
+        "fused": "TensorScatter + Attention with nonpad_kv_seqlen",
+        "matmul": "TensorScatter + attention as keys x query, masked Softmax, x values",
+    }[attention]
     return {
         "inplace": {
             "file": graphs[DECODER_INPLACE]["file"],
@@ -225,6 +244,7 @@ def _decoder_variants(graphs: dict[str, Any], helpers: list[str], kv_dtype: str)
             "cache_scatter": CACHE_SCATTER,
             "kv_cache": f"fixed capacity per row, written in place ({written})",
             "kv_dtype": kv_dtype,
+            "decode_attention": attention or "int8",
         },
         "fallback": {
             "file": graphs[DECODER]["file"],
@@ -232,6 +252,27 @@ def _decoder_variants(graphs: dict[str, Any], helpers: list[str], kv_dtype: str)
             "kv_cache": "present = past + new tokens (grows every step)",
         },
     }
+
+
+def decode_attention_of(options: ExportOptions) -> str | None:
+    """The in-place decoder's attention for ``options`` (None: the int8 cache's own)."""
+    default = default_decode_attention(options.precision, options.kv_cache_dtype)
+    return options.decode_attention or default
+
+
+def _check_decode_attention(options: ExportOptions) -> None:
+    attention = options.decode_attention
+    if attention is None:
+        return
+    if attention not in DECODE_ATTENTIONS:
+        raise ExportError(
+            f"unknown decode attention {attention!r}; supported: " + ", ".join(DECODE_ATTENTIONS)
+        )
+    if options.kv_cache_dtype == "int8":
+        raise ExportError(
+            "--decode-attention goes with a float KV cache: the int8 cache's attention is "
+            "integer MatMuls of its own"
+        )
 
 
 def _graph_facts(path: Path, onnx_model: Any, spec: GraphSpec) -> dict[str, Any]:

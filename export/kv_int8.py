@@ -30,6 +30,7 @@ from onnx import TensorProto, helper
 from contract.graphs import kv_names, present_name, scale_name, width_axis
 from export.cache_graphs import HELPER_OPSET, quantize_constants, quantize_vectors
 from export.errors import ExportError
+from export.matmul_attention import length_mask
 
 _PREFIX = "kv8_"
 
@@ -73,22 +74,6 @@ def _retype(value: onnx.ValueInfoProto, head_dim: int) -> onnx.ValueInfoProto:
         scale_dims[3].dim_value = 1
     value.type.tensor_type.elem_type = TensorProto.INT8
     return scale
-
-
-def _length_mask(cache: str, lengths: str, out: str) -> list[onnx.NodeProto]:
-    """Nodes making ``out`` [batch, 1, 1, width]: 0 where position < lengths[row], else -1e30
-    (the ``nonpad_kv_seqlen`` of the ``Attention`` op replaced), width from ``cache``'s axis 3."""
-    c = _PREFIX
-    return [
-        helper.make_node("Shape", [cache], [f"{out}_shape"], start=3, end=4),
-        helper.make_node("Squeeze", [f"{out}_shape", c + "axis_0"], [f"{out}_width"]),
-        helper.make_node("Range", [c + "zero", f"{out}_width", c + "one"], [f"{out}_positions"]),
-        helper.make_node("Unsqueeze", [lengths, c + "axis_1"], [f"{out}_lengths"]),
-        helper.make_node("Less", [f"{out}_positions", f"{out}_lengths"], [f"{out}_valid"]),
-        helper.make_node("Where", [f"{out}_valid", c + "no_bias", c + "masked"], [f"{out}_2d"]),
-        helper.make_node("Unsqueeze", [f"{out}_2d", c + "axis_1"], [f"{out}_3d"]),
-        helper.make_node("Unsqueeze", [f"{out}_3d", c + "axis_1"], [out]),
-    ]
 
 
 def decode_attention(query: str, key: str, value: str, mask: str, out: str) -> list[onnx.NodeProto]:
@@ -216,7 +201,7 @@ def int8_kv_cache(model: onnx.ModelProto, num_layers: int, head_dim: int) -> onn
             query, key, value, lengths = node.input[0], node.input[1], node.input[2], node.input[6]
             if lengths not in masks:
                 masks[lengths] = f"{_PREFIX}mask_{len(masks)}"
-                nodes += _length_mask(key, lengths, masks[lengths])
+                nodes += length_mask(key, lengths, masks[lengths], 3, _PREFIX)
             nodes += decode_attention(query, key, value, masks[lengths], node.output[0])
         else:
             nodes.append(node)

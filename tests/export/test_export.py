@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from attnserve_cli import main
+from contract.graphs import DECODER_INPLACE_FILE
 from contract.repository import REPOSITORY_FORMAT, read_model_config
 from contract.tokenizer import SubwordTokenizer
 from export.cache_graphs import CACHE_SCATTER
@@ -122,9 +123,15 @@ def test_int8_translator_quantises_every_matmul(int8_repository: Path) -> None:
     assert manifest["precision"] == "int8"
     assert manifest["graphs"]["decoder"]["attention_nodes"] == 4  # int8 keeps standard Attention
     assert manifest["parity"]["greedy_agreement"] >= 0.95
-    for graph in ("decoder", "decoder_inplace"):  # every MatMul quantised, the tied LM head too
-        ops = manifest["graphs"][graph]["op_types"]
-        assert "MatMul" not in ops and "MatMulInteger" in ops, ops
+    ops = manifest["graphs"]["decoder"]["op_types"]  # every MatMul quantised, the LM head too
+    assert "MatMul" not in ops and "MatMulInteger" in ops, ops
+    # the in-place decoder's float MatMuls are its attention's (keys x query, weights x values),
+    # between activations: no weight is left in float
+    model = onnx.load(str(int8_repository / "float" / "1" / DECODER_INPLACE_FILE))
+    weights = {i.name for i in model.graph.initializer}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    assert len(matmuls) == 2 * manifest["graphs"]["decoder"]["attention_nodes"]
+    assert not any(set(n.input) & weights for n in matmuls)
 
 
 def test_weight_transposes_fold_into_initializers() -> None:

@@ -43,7 +43,9 @@ def test_export_writes_an_int8_cache_decoder(int8_repository: Path) -> None:
     assert manifest(int8_repository / "float")["decoders"]["inplace"]["kv_dtype"] == "float"
     ops = facts["graphs"]["decoder_inplace"]["op_types"]
     float_ops = manifest(int8_repository / "float")["graphs"]["decoder_inplace"]["op_types"]
-    assert "Attention" not in ops and float_ops["Attention"] == 2 * spec.num_layers
+    # the float cache's attention: float MatMuls (int8 exports' default decode attention)
+    assert "Attention" not in ops and float_ops["Softmax"] == 2 * spec.num_layers
+    assert float_ops["MatMul"] == 4 * spec.num_layers and "MatMul" not in ops
     # two integer GEMMs per attention, beside the quantised weights' own
     assert ops["MatMulInteger"] - float_ops["MatMulInteger"] == 4 * spec.num_layers
     parity = facts["parity"]
@@ -68,15 +70,21 @@ def test_an_int8_cache_goes_with_int8_weights(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())  # nothing left behind
 
 
-def test_the_rewrite_needs_the_in_place_decoder(int8_repository: Path) -> None:
+def test_the_rewrite_needs_the_in_place_decoder(
+    int8_repository: Path, tiny_translator_fp32
+) -> None:
     spec = read_model_config(int8_repository / "float").decoder
     growing = onnx.load(str(int8_repository / "float" / "1" / DECODER_FILE))
     with pytest.raises(ExportError, match="TensorScatter and Attention nodes"):
         int8_kv_cache(growing, spec.num_layers, spec.head_dim)
-    in_place = onnx.load(str(int8_repository / "float" / "1" / DECODER_INPLACE_FILE))
+    in_place = onnx.load(str(tiny_translator_fp32.version_dir / DECODER_INPLACE_FILE))
     rewritten = int8_kv_cache(in_place, spec.num_layers, spec.head_dim)
     with pytest.raises(ExportError, match="TensorScatter and Attention nodes"):
         int8_kv_cache(rewritten, spec.num_layers, spec.head_dim)  # not twice
+    # nor over the float cache's attention written as MatMuls (int8 exports' default)
+    matmuls = onnx.load(str(int8_repository / "float" / "1" / DECODER_INPLACE_FILE))
+    with pytest.raises(ExportError, match="TensorScatter and Attention nodes"):
+        int8_kv_cache(matmuls, spec.num_layers, spec.head_dim)
 
 
 def decode_steps(entry: Path, steps: int = 6) -> tuple[list[np.ndarray], object]:
