@@ -64,6 +64,18 @@ def execution_providers(device: str) -> tuple[str, ...]:
 
 
 KV8_SUFFIX = "-kv8"  # names of the int8-KV-cache entry and engines
+
+
+def attention_suffix(precision: str, decode_attention: str | None) -> str:
+    """``-fused`` / ``-matmul`` in the names of the entries and engines whose decode attention
+    is not their precision's default (``export.matmul_attention``: matmul for int8, else fused);
+    empty for the default."""
+    from contract.graphs import default_decode_attention
+
+    default = default_decode_attention(precision, "float")
+    return "" if decode_attention in (None, default) else f"-{decode_attention}"
+
+
 CUDA_GRAPH_SUFFIX = "-cudagraph"  # engines whose decode steps replay CUDA graphs
 
 
@@ -82,6 +94,7 @@ class AttnServeRunner(Runner):
         instances: int = 1,
         kv8: bool = False,
         cuda_graph: bool = False,
+        decode_attention: str | None = None,
     ) -> None:
         """With ``instances`` > 1: that many engines of ``threads // instances`` threads, each
         decoding its share of the batch at the same time (the server's ``batching.instances``:
@@ -100,6 +113,7 @@ class AttnServeRunner(Runner):
         super().__init__(
             name=f"attnserve-{precision}"
             + KV8_SUFFIX * kv8
+            + attention_suffix(precision, decode_attention)
             + ("-growing" if growing else "")
             + CUDA_GRAPH_SUFFIX * cuda_graph
             + split,
@@ -107,6 +121,11 @@ class AttnServeRunner(Runner):
             precision=precision,
             label=f"attnserve ONNX Runtime {precision}"
             + (", int8 KV cache" if kv8 else "")
+            + (
+                f", {decode_attention} attention"
+                if attention_suffix(precision, decode_attention)
+                else ""
+            )
             + (", growing cache" if growing else "")
             + (", CUDA graphs" if cuda_graph else "")
             + (f", {instances} instances x {per_instance} thread" if instances > 1 else ""),
@@ -119,6 +138,7 @@ class AttnServeRunner(Runner):
                 "entry": str(entry),
                 "kv_cache": kv_cache,
                 "cuda_graph": cuda_graph,
+                "decode_attention": decode_attention_of(entry),
             },
         )
         if (
@@ -237,27 +257,37 @@ def export_attnserve(
     precision: str,
     fast_int8: bool,
     kv_cache_dtype: str = "float",
+    decode_attention: str | None = None,
 ) -> Path:
     """Our repository entry for ``precision`` (exported once into the cache, then reused).
 
     fp32 and int8 go through ``export()`` with its parity checks. With ``fast_int8`` the int8
     entry is the fp32 one with its graphs quantised by ``export.precision.quantize_int8`` (what
     ``export(precision="int8")`` does after a second trace), to keep CI runs short. An int8
-    ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``.
+    ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``. A ``decode_attention``
+    other than the precision's default (``attention_suffix``) is the fp32 entry's copy with its
+    in-place decoder rewritten (``export.matmul_attention``), quantised for int8.
     """
+    from contract.graphs import default_decode_attention
     from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
 
     repository = Path(cache) / f"repo-{shape.key()}"
-    name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8")
+    suffix = attention_suffix(precision, decode_attention)
+    name = f"marian-{precision}" + KV8_SUFFIX * (kv_cache_dtype == "int8") + suffix
     entry = repository / name
     exported = (entry / CONFIG_FILE).is_file() and (entry / "1" / "manifest.json").is_file()
     # entries from before today's graphs (is_current_export) are exported again
     manifest = read_manifest(entry / "1") if exported else {}
-    if is_current_export(manifest) and manifest.get("format") == REPOSITORY_FORMAT:
+    wanted = decode_attention or default_decode_attention(precision, kv_cache_dtype)
+    if (
+        is_current_export(manifest)
+        and manifest.get("format") == REPOSITORY_FORMAT
+        and _manifest_attention(manifest) == (wanted or "int8")
+    ):
         return entry
-    if precision == "int8" and fast_int8:
+    if (precision == "int8" and fast_int8) or suffix:
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)
-        return _quantised_copy(fp32, entry, kv_cache_dtype)
+        return _derived_copy(fp32, entry, precision, kv_cache_dtype, wanted)
     from export.exporter import ExportOptions, export
     from export.hf import load_hf_directory
 
@@ -273,8 +303,28 @@ def export_attnserve(
     return entry
 
 
-def _quantised_copy(fp32_entry: Path, entry: Path, kv_cache_dtype: str) -> Path:
-    """``entry``: ``fp32_entry`` with int8-quantised graphs (and an int8 KV cache if asked),
+def _manifest_attention(manifest: dict[str, Any]) -> str | None:
+    """An export's decode attention: ``fused`` for exports from before the option."""
+    inplace = manifest.get("decoders", {}).get("inplace")
+    return None if inplace is None else inplace.get("decode_attention", "fused")
+
+
+def decode_attention_of(entry: Path) -> str | None:
+    """The decode attention of ``entry``'s latest version (None: no in-place decoder)."""
+    from contract.repository import read_manifest, resolve_version
+
+    return _manifest_attention(read_manifest(resolve_version(entry)))
+
+
+def _derived_copy(
+    fp32_entry: Path,
+    entry: Path,
+    precision: str,
+    kv_cache_dtype: str,
+    decode_attention: str | None,
+) -> Path:
+    """``entry``: ``fp32_entry`` with int8-quantised graphs for int8 (and an int8 KV cache if
+    asked) and its in-place decoder's attention as MatMuls if ``decode_attention`` says so,
     config and manifest saying so."""
     import onnx
 
@@ -282,6 +332,7 @@ def _quantised_copy(fp32_entry: Path, entry: Path, kv_cache_dtype: str) -> Path:
     from contract.repository import read_model_config, write_model_config
     from export.cache_graphs import write_cache_graphs
     from export.kv_int8 import int8_kv_cache
+    from export.matmul_attention import matmul_attention
     from export.precision import quantize_int8
 
     scratch = entry.with_name(entry.name + ".partial")
@@ -296,16 +347,24 @@ def _quantised_copy(fp32_entry: Path, entry: Path, kv_cache_dtype: str) -> Path:
         if path.name not in graphs:
             shutil.copy2(path, scratch / "1" / path.name)
     for graph in graphs:
-        quantize_int8(fp32_entry / "1" / graph, scratch / "1" / graph)
-    config = replace(read_model_config(fp32_entry), name=entry.name, precision="int8")
+        if precision == "int8":
+            quantize_int8(fp32_entry / "1" / graph, scratch / "1" / graph)
+        else:
+            shutil.copy2(fp32_entry / "1" / graph, scratch / "1" / graph)
+    config = replace(read_model_config(fp32_entry), name=entry.name, precision=precision)
+    spec = config.decoder
+    path = scratch / "1" / DECODER_INPLACE_FILE
     if kv_cache_dtype == "int8" and DECODER_INPLACE_FILE in graphs:
-        spec = config.decoder
-        path = scratch / "1" / DECODER_INPLACE_FILE
         onnx.save(int8_kv_cache(onnx.load(str(path)), spec.num_layers, spec.head_dim), str(path))
         write_cache_graphs(scratch / "1", spec.num_layers, spec.num_heads, spec.head_dim, "int8")
+    if decode_attention == "matmul" and DECODER_INPLACE_FILE in graphs:
+        model = matmul_attention(onnx.load(str(path)), spec.num_layers, spec.head_dim)
+        onnx.save(model, str(path))
     write_model_config(config, scratch)
     manifest = json.loads((scratch / "1" / "manifest.json").read_text())
-    manifest.update(name=entry.name, precision="int8", derived_from=str(fp32_entry))
+    manifest.update(name=entry.name, precision=precision, derived_from=str(fp32_entry))
+    if "inplace" in manifest.get("decoders", {}):
+        manifest["decoders"]["inplace"]["decode_attention"] = decode_attention or "int8"
     (scratch / "1" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(entry, ignore_errors=True)
     scratch.rename(entry)

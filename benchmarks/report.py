@@ -170,8 +170,10 @@ def _engine_peer_table(result: dict[str, Any]) -> list[str]:
         (f"{precision}{kv_label}{split_label}", f"attnserve-{precision}{kv}{split_name}")
         for precision, kv, kv_label in (
             ("fp32", "", ""),
+            ("fp32", "-matmul", ", matmul attention"),
             ("fp16", "", ""),
             ("int8", "", ""),
+            ("int8", "-fused", ", fused attention"),
             ("int8", "-kv8", ", int8 KV cache"),
         )
         for split_name, split_label in (

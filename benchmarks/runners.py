@@ -21,6 +21,7 @@ from benchmarks.attnserve_runner import (
     CUDA_GRAPH_SUFFIX,
     KV8_SUFFIX,
     AttnServeRunner,
+    attention_suffix,
     export_attnserve,
 )
 from benchmarks.engine_settings import EngineSettings
@@ -88,12 +89,25 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
     and for int8 the same in-place runs with an int8 KV cache."""
     specs = []
     for precision in settings.precisions:
-        variants = [("float", "inplace"), ("float", "growing")]  # what the server runs, fallback
+        # what the server runs, the fallback, and on the CPU the other decode attention (int8:
+        # the fused op, as before matmul became its default; fp32: MatMuls, the CPU's option)
+        variants: list[tuple[str, str, str | None]] = [
+            ("float", "inplace", None),
+            ("float", "growing", None),
+        ]
+        if settings.device == "cpu" and precision in ("fp32", "int8"):
+            variants.append(("float", "inplace", "fused" if precision == "int8" else "matmul"))
         if precision == "int8":
-            variants.append(("int8", "inplace"))
-        for kv_dtype, kv_cache in variants:
+            variants.append(("int8", "inplace", None))
+        for kv_dtype, kv_cache, attention in variants:
             entry = export_attnserve(
-                marian_dir, cache, settings.shape, precision, settings.fast_int8, kv_dtype
+                marian_dir,
+                cache,
+                settings.shape,
+                precision,
+                settings.fast_int8,
+                kv_dtype,
+                attention,
             )
             kwargs = {
                 "entry": entry,
@@ -104,8 +118,10 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
                 "kv_cache": kv_cache,
                 "max_batch": max(settings.batches),
                 "kv8": kv_dtype == "int8",
+                "decode_attention": attention,
             }
             name = f"attnserve-{precision}" + KV8_SUFFIX * (kv_dtype == "int8")
+            name += attention_suffix(precision, attention)
             name += "" if kv_cache == "inplace" else "-growing"
             specs.append(RunnerSpec(name, "attnserve", kwargs))
             if kv_cache == "inplace" and settings.threads > 1 and settings.device == "cpu":

@@ -103,6 +103,14 @@ def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
     assert kv8["config"]["entry"].endswith("marian-int8-kv8") and kv8["error"] is None
     for batch in result["summary"]["by_batch"].values():
         assert batch["attnserve_int8_kv8"]["tokens_per_s"] > 0
+    # the other decode attention on the CPU: int8's fused op (its default: MatMuls), fp32's
+    # MatMuls (its default: the fused op), each on an entry of its own
+    attention = {e["name"]: e for e in result["engines"] if "decode_attention" in e["config"]}
+    assert attention["attnserve-int8"]["config"]["decode_attention"] == "matmul"
+    assert attention["attnserve-int8-fused"]["config"]["decode_attention"] == "fused"
+    assert attention["attnserve-fp32"]["config"]["decode_attention"] == "fused"
+    assert attention["attnserve-fp32-matmul"]["config"]["decode_attention"] == "matmul"
+    assert attention["attnserve-fp32-matmul"]["config"]["entry"].endswith("marian-fp32-matmul")
     for engine in result["engines"]:  # N x 1 instances share their sessions, as the server's do
         if engine["config"].get("instances", 1) > 1:
             assert engine["config"]["intra_op_threads"] == 1
