@@ -31,21 +31,23 @@ from onnx import TensorProto, helper
 from contract.graphs import kv_names, present_name
 from export.errors import ExportError
 
-_PREFIX = "mm_attn_"
+PREFIX = "mm_attn_"  # the rewrite's constants and tensors
 
 
-def _constants(scale: float) -> list[onnx.TensorProto]:
+def attention_constants(scale: float) -> list[onnx.TensorProto]:
+    """The constants ``length_mask`` and ``matmul_decode_attention`` use (under ``PREFIX``)."""
+
     def int64(name: str, values: list[int]) -> onnx.TensorProto:
-        return helper.make_tensor(_PREFIX + name, TensorProto.INT64, [len(values)], values)
+        return helper.make_tensor(PREFIX + name, TensorProto.INT64, [len(values)], values)
 
     return [
         int64("axis_0", [0]),
         int64("axis_1", [1]),
-        helper.make_tensor(_PREFIX + "zero", TensorProto.INT64, [], [0]),
-        helper.make_tensor(_PREFIX + "one", TensorProto.INT64, [], [1]),
-        helper.make_tensor(_PREFIX + "scale", TensorProto.FLOAT, [], [scale]),
-        helper.make_tensor(_PREFIX + "no_bias", TensorProto.FLOAT, [], [0.0]),
-        helper.make_tensor(_PREFIX + "masked", TensorProto.FLOAT, [], [-1e30]),
+        helper.make_tensor(PREFIX + "zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor(PREFIX + "one", TensorProto.INT64, [], [1]),
+        helper.make_tensor(PREFIX + "scale", TensorProto.FLOAT, [], [scale]),
+        helper.make_tensor(PREFIX + "no_bias", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor(PREFIX + "masked", TensorProto.FLOAT, [], [-1e30]),
         int64("as_column", [0, 0, -1, 1]),
         int64("as_row", [0, 0, 1, -1]),
     ]
@@ -76,7 +78,7 @@ def matmul_decode_attention(
     ``mask`` [b, 1, 1, w] (float32) -> ``out`` [b, h, 1, d]. ``cast_to``: the graph's float type
     where it is not float32 (the mask is cast to it)."""
     node = helper.make_node
-    c = _PREFIX
+    c = PREFIX
     nodes = []
     if cast_to is not None:
         nodes.append(node("Cast", [mask], [f"{out}_mask"], to=cast_to))
@@ -140,7 +142,7 @@ def matmul_attention(model: onnx.ModelProto, num_layers: int, head_dim: int) -> 
     float_type = {v.name: v.type.tensor_type.elem_type for v in graph.input}
     cache_type = float_type[kv_names("cross", num_layers)[0]]
     cast_to = None if cache_type == TensorProto.FLOAT else cache_type
-    graph.initializer.extend(_constants(scale))
+    graph.initializer.extend(attention_constants(scale))
     nodes: list[onnx.NodeProto] = []
     masks: dict[str, str] = {}
     for node in graph.node:
@@ -149,8 +151,8 @@ def matmul_attention(model: onnx.ModelProto, num_layers: int, head_dim: int) -> 
             continue
         query, key, value, lengths = node.input[0], node.input[1], node.input[2], node.input[6]
         if lengths not in masks:
-            masks[lengths] = f"{_PREFIX}mask_{len(masks)}"
-            nodes += length_mask(key, lengths, masks[lengths], 2, _PREFIX)
+            masks[lengths] = f"{PREFIX}mask_{len(masks)}"
+            nodes += length_mask(key, lengths, masks[lengths], 2, PREFIX)
         nodes += matmul_decode_attention(query, key, value, masks[lengths], node.output[0], cast_to)
     del graph.node[:]
     graph.node.extend(nodes)

@@ -109,6 +109,24 @@ def test_a_kv_cache_dtype_outside_its_choices_is_named(tmp_path: Path) -> None:
         run_plan(plan)
 
 
+def test_the_decode_attention_comes_from_the_plan(tmp_path: Path) -> None:
+    plan_path = write_plan(
+        tmp_path,
+        {
+            "defaults": {"decode_attention": "matmul"},
+            "models": [{"source": "vit"}, {"source": "translator", "decode_attention": "fused"}],
+        },
+    )
+    _, _, tasks = load_plan(plan_path)
+    assert [t.options["decode_attention"] for t in tasks] == ["matmul", "fused"]
+    (tmp_path / "unset").mkdir(), (tmp_path / "bad").mkdir()
+    unset = write_plan(tmp_path / "unset", {"models": [{"source": "vit"}]})
+    assert load_plan(unset)[2][0].options["decode_attention"] is None  # the precision's default
+    bad = write_plan(tmp_path / "bad", {"models": [{"source": "vit", "decode_attention": "sdpa"}]})
+    with pytest.raises(SchemaError, match=r"decode_attention: must be one of 'fused', 'matmul'"):
+        load_plan(bad)
+
+
 def test_unknown_field_is_named(tmp_path: Path) -> None:
     plan = write_plan(tmp_path, {"models": [{"source": "vit", "precison": "int8"}]})
     with pytest.raises(SchemaError, match=r"models\[0\]: unknown field\(s\) precison"):
