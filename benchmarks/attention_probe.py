@@ -16,8 +16,8 @@ over a float cache of ``--positions`` keys and values per row, laid out as the i
   from the lengths in the graph.
 
 Each form runs over ``--layers`` caches in turn (12: a Marian-base step's self- and
-cross-attentions; their caches together exceed the CPU's caches at batch 16 and more, as in a
-decode step; 1: one cache, read from the CPU's caches), timed as the median of ``--calls``
+cross-attentions, whose caches together outgrow a 32 MB L3 from batch 16 × 64 positions, as in
+a decode step; 1: one cache, read from the CPU's caches), timed as the median of ``--calls``
 passes after a warm-up, alternated twice. Writes ``benchmarks/results/attention-probe-*.json``:
 µs per attention per form and round, and the largest difference from the op's output.
 """

@@ -64,19 +64,17 @@ def execution_providers(device: str) -> tuple[str, ...]:
 
 
 KV8_SUFFIX = "-kv8"  # names of the int8-KV-cache entry and engines
+CUDA_GRAPH_SUFFIX = "-cudagraph"  # engines whose decode steps replay CUDA graphs
 
 
 def attention_suffix(precision: str, decode_attention: str | None) -> str:
     """``-fused`` / ``-matmul`` in the names of the entries and engines whose decode attention
-    is not their precision's default (``export.matmul_attention``: matmul for int8, else fused);
-    empty for the default."""
+    is not their precision's default (``contract.graphs.default_decode_attention``: matmul for
+    int8, else fused); empty for the default."""
     from contract.graphs import default_decode_attention
 
     default = default_decode_attention(precision, "float")
     return "" if decode_attention in (None, default) else f"-{decode_attention}"
-
-
-CUDA_GRAPH_SUFFIX = "-cudagraph"  # engines whose decode steps replay CUDA graphs
 
 
 class AttnServeRunner(Runner):
@@ -138,7 +136,7 @@ class AttnServeRunner(Runner):
                 "entry": str(entry),
                 "kv_cache": kv_cache,
                 "cuda_graph": cuda_graph,
-                "decode_attention": decode_attention_of(entry),
+                "decode_attention": entry_decode_attention(entry),
             },
         )
         if (
@@ -309,7 +307,7 @@ def _manifest_attention(manifest: dict[str, Any]) -> str | None:
     return None if inplace is None else inplace.get("decode_attention", "fused")
 
 
-def decode_attention_of(entry: Path) -> str | None:
+def entry_decode_attention(entry: Path) -> str | None:
     """The decode attention of ``entry``'s latest version (None: no in-place decoder)."""
     from contract.repository import read_manifest, resolve_version
 

@@ -31,7 +31,12 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def step_feeds(
-    model: onnx.ModelProto, lengths: list[int], sources: list[int], width: int, seed: int
+    model: onnx.ModelProto,
+    lengths: list[int],
+    sources: list[int],
+    width: int,
+    seed: int,
+    dtype: type = np.float32,
 ) -> dict[str, np.ndarray]:
     """One step's inputs: caches of ``width`` positions (sources as wide as the longest), random
     contents past every row's length too (what freed rows leave behind)."""
@@ -48,7 +53,7 @@ def step_feeds(
         dims = [d.dim_value for d in value.type.tensor_type.shape.dim]
         positions = width if value.name.startswith("past") else max(sources)
         shape = (batch, dims[1], positions, dims[3])
-        feeds[value.name] = rng.standard_normal(shape).astype(np.float32)
+        feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
 
@@ -83,6 +88,20 @@ def test_the_rewrite_computes_what_the_attention_op_computes(
     for present_got, present_expected in zip(got[1:], expected[1:], strict=True):
         np.testing.assert_allclose(present_got, present_expected, rtol=0, atol=1e-5)
     np.testing.assert_array_equal(got[1], expected[1])  # the first layer's keys: the same
+
+
+def test_an_fp16_decoder_attends_in_fp16(tiny_translator_fp16) -> None:
+    """The mask and the scale are cast to the graph's type; the logits match the op's to fp16
+    rounding."""
+    fused = onnx.load(str(tiny_translator_fp16.version_dir / DECODER_INPLACE_FILE))
+    spec = read_model_config(tiny_translator_fp16.entry).decoder
+    rewritten = matmul_attention(fused, spec.num_layers, spec.head_dim)
+    feeds = step_feeds(fused, [0, 5, 11], [3, 12, 7], width=16, seed=3, dtype=np.float16)
+    expected = session(fused).run(None, feeds)[0].astype(np.float32)
+    got = session(rewritten).run(None, feeds)[0].astype(np.float32)
+    assert "CastLike" in [n.op_type for n in rewritten.graph.node]  # the scale, to fp16
+    assert "CastLike" not in [n.op_type for n in fused.graph.node]
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-2 * np.abs(expected).max())
 
 
 def test_the_rewrite_keeps_the_graphs_interface(
