@@ -244,14 +244,21 @@ def test_a_forced_ctranslate2_isa_needs_a_fresh_process(tmp_path: Path) -> None:
 def test_attnserve_specs_per_device(
     device: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """CPU: one engine per thread beside each in-place engine; CUDA: CUDA graphs instead."""
-    monkeypatch.setattr(runners, "export_attnserve", lambda *a: tmp_path / "entry")
+    """CPU: one engine per thread beside each in-place engine, and the other decode attention
+    (fp32: MatMuls) on an entry of its own; CUDA: CUDA graphs instead, the fused op only."""
+    monkeypatch.setattr(runners, "export_attnserve", lambda *a: tmp_path / f"entry{a[5:]}")
     config = settings(engines=("attnserve",), threads=2, device=device, precisions=("fp32",))
     specs, _ = runners.runner_specs(config, tmp_path / "marian", tmp_path)
     split = "attnserve-fp32-2x1" if device == "cpu" else "attnserve-fp32-cudagraph"
-    assert [s.name for s in specs] == ["attnserve-fp32", split, "attnserve-fp32-growing"]
+    matmul = ["attnserve-fp32-matmul", "attnserve-fp32-matmul-2x1"] if device == "cpu" else []
+    assert [s.name for s in specs] == ["attnserve-fp32", split, "attnserve-fp32-growing", *matmul]
     assert specs[1].kwargs.get("cuda_graph", False) is (device == "cuda")
     assert specs[1].kwargs.get("instances", 1) == (2 if device == "cpu" else 1)
+    attentions = {s.name: s.kwargs["decode_attention"] for s in specs}
+    assert attentions["attnserve-fp32"] is None  # the precision's default
+    if device == "cpu":
+        assert attentions["attnserve-fp32-matmul-2x1"] == "matmul"
+        assert specs[3].kwargs["entry"] == tmp_path / "entry('float', 'matmul')"
 
 
 def test_fp16_specs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
