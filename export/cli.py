@@ -141,6 +141,8 @@ def summary(manifest: dict[str, Any], version_dir: Path) -> dict[str, Any]:
         "precision": manifest["precision"],
         "opset": manifest["opset"],
         "attention_nodes": {k: g["attention_nodes"] for k, g in manifest["graphs"].items()},
+        # the in-place decoder's attention (fused | matmul | int8); None: no in-place decoder
+        "decode_attention": manifest.get("decoders", {}).get("inplace", {}).get("decode_attention"),
         "max_abs_diff": parity["max_abs_diff"],
         "greedy_agreement": parity.get("greedy_agreement"),
         "seconds": manifest.get("export_seconds"),

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from contract.graphs import DECODER_FILE, DECODER_INPLACE_FILE, default_decode_attention
 from contract.repository import read_model_config
+from export.cli import summary
 from export.errors import ExportError
 from export.exporter import ExportOptions, export
 from export.matmul_attention import matmul_attention
@@ -153,6 +154,7 @@ def test_the_int8_export_decodes_through_matmul_attention(int8_repository: Path)
     assert "Attention" not in ops and "MatMul" in ops
     assert manifest["graphs"]["encoder"]["attention_nodes"] > 0  # only the decoder's step
     assert manifest["fused_attention"]
+    assert summary(manifest, version)["decode_attention"] == "matmul"  # `attnserve export`'s line
     # the int8 KV cache keeps its own attention
     kv8 = json.loads((int8_repository / "kv8" / "1" / "manifest.json").read_text())
     assert kv8["decoders"]["inplace"]["decode_attention"] == "int8"
@@ -162,6 +164,7 @@ def test_fp32_exports_keep_the_attention_op(tiny_translator_fp32) -> None:
     manifest = tiny_translator_fp32.manifest
     assert manifest["decoders"]["inplace"]["decode_attention"] == "fused"
     assert manifest["graphs"]["decoder_inplace"]["attention_nodes"] > 0
+    assert summary(manifest, tiny_translator_fp32.version_dir)["decode_attention"] == "fused"
 
 
 @pytest.mark.parametrize(
