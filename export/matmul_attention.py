@@ -5,9 +5,9 @@ computes its scores as query × keysᵀ, a product with a one-row left operand a
 right one, which MLAS runs as dot products over every cached key; written as keys × queryᵀ (the
 keys as a plain [positions × head_dim] left operand, the query as a one-column right one) the
 same scores come from MLAS's ordinary kernel, which streams the keys once. Measured on a 2-core
-AMD EPYC Zen 4 (2026-11-28; README, "Decode attention"): 35-40% less time per attention at
-batches 8-32 with the cache in memory, the int8 decoder step 5-9% faster at batches 8-32 and the
-same at batch 1.
+AMD EPYC Zen 4 (2026-11-28; README, Export, ``--decode-attention``; docs/measurements.md): 25-37%
+less time per attention at batches 8-32 with the caches in memory, the int8 decoder step alone
+5-10% faster there, 8-19% more new tokens/s at batch 32 in the engine benchmark, batch 1 even.
 
 The rewrite keeps the cache and its layout ([batch, heads, positions, head_dim], written by
 ``TensorScatter``): only each ``Attention`` node changes, into
