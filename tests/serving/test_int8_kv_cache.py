@@ -94,11 +94,16 @@ def test_in_flight_requests_finish_through_the_int8_cache(int8_repository: Path)
     assert np.mean(same) >= 0.5, same
 
 
-def test_the_shipped_translator_serves_right_answers_from_an_int8_cache(tmp_path: Path) -> None:
-    """The trained translator at int8 with the int8 cache, a real server, real clients."""
-    options = ExportOptions(precision="int8", kv_cache_dtype="int8", parity_examples=100)
+@pytest.mark.parametrize(("kv_cache_dtype", "attention"), [("int8", "int8"), ("float", "matmul")])
+def test_the_shipped_translator_serves_right_answers_at_int8(
+    tmp_path: Path, kv_cache_dtype: str, attention: str
+) -> None:
+    """The trained translator at int8, with the int8 cache and with the float one (whose
+    attention an int8 export writes as MatMuls), a real server, real clients."""
+    options = ExportOptions(precision="int8", kv_cache_dtype=kv_cache_dtype, parity_examples=100)
     result = export("translator", tmp_path, options)
-    assert result.manifest["decoders"]["inplace"]["kv_dtype"] == "int8"
+    assert result.manifest["decoders"]["inplace"]["kv_dtype"] == kv_cache_dtype
+    assert result.manifest["decoders"]["inplace"]["decode_attention"] == attention
     with ServerThread(tmp_path) as server, AttnServeClient(server.address) as client:
         for language, expected in EXPECTED.items():
             (answer,) = client.translate(["three hundred and twelve"], to=language)
