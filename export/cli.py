@@ -59,7 +59,8 @@ def add_parsers(subparsers: Any) -> None:
         choices=DECODE_ATTENTIONS,
         help="the in-place decoder's attention over a float KV cache: fused (ONNX's Attention "
         "op; a GPU's fused kernels) or matmul (keys x query, a masked Softmax, x values: faster "
-        "on the CPU at batches of 8 and more). Default: matmul with --precision int8, else fused",
+        "on the CPU from batch 16 on, even below). Default: matmul with --precision int8, "
+        "else fused",
     )
     export.add_argument(
         "--tensorrt",
