@@ -280,7 +280,7 @@ def export_attnserve(
     if (
         is_current_export(manifest)
         and manifest.get("format") == REPOSITORY_FORMAT
-        and _manifest_attention(manifest) == (wanted or "int8")
+        and _manifest_attention(manifest) == wanted
     ):
         return entry
     if (precision == "int8" and fast_int8) or suffix:
@@ -319,7 +319,7 @@ def _derived_copy(
     entry: Path,
     precision: str,
     kv_cache_dtype: str,
-    decode_attention: str | None,
+    decode_attention: str,
 ) -> Path:
     """``entry``: ``fp32_entry`` with int8-quantised graphs for int8 (and an int8 KV cache if
     asked) and its in-place decoder's attention as MatMuls if ``decode_attention`` says so,
@@ -362,7 +362,7 @@ def _derived_copy(
     manifest = json.loads((scratch / "1" / "manifest.json").read_text())
     manifest.update(name=entry.name, precision=precision, derived_from=str(fp32_entry))
     if "inplace" in manifest.get("decoders", {}):
-        manifest["decoders"]["inplace"]["decode_attention"] = decode_attention or "int8"
+        manifest["decoders"]["inplace"]["decode_attention"] = decode_attention
     (scratch / "1" / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     shutil.rmtree(entry, ignore_errors=True)
     scratch.rename(entry)

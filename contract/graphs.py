@@ -146,12 +146,12 @@ KV_CACHE_DTYPES = ("float", "int8")  # the in-place cache: the graphs' float typ
 DECODE_ATTENTIONS = ("fused", "matmul")
 
 
-def default_decode_attention(precision: str, kv_cache_dtype: str) -> str | None:
+def default_decode_attention(precision: str, kv_cache_dtype: str) -> str:
     """The decode attention an export gets unless asked: ``matmul`` for int8 graphs with a float
-    cache (int8 exports are for the CPU), ``fused`` for fp32 / fp16 (a GPU's fused kernels), None
-    with an int8 cache (whose attention is integer MatMuls of its own, ``export.kv_int8``)."""
+    cache (int8 exports are for the CPU), ``fused`` for fp32 / fp16 (a GPU's fused kernels),
+    ``int8`` with an int8 cache (its own integer MatMuls, ``export.kv_int8``; not a choice)."""
     if kv_cache_dtype == "int8":
-        return None
+        return "int8"
     return "matmul" if precision == "int8" else "fused"
 
 

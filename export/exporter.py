@@ -167,7 +167,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
                 onnx_model = matmul_attention(onnx_model, shape.num_layers, shape.head_dim)
                 onnx.save(onnx_model, str(final))
             graphs[spec.name] = _graph_facts(final, onnx_model, spec)
-            if spec.name == DECODER_INPLACE and attention is not None:
+            if spec.name == DECODER_INPLACE:
                 graphs[spec.name]["decode_attention"] = attention
             graphs[spec.name]["fused_projections"] = fused
             if options.precision == "fp16":
@@ -226,12 +226,12 @@ def _write_cache_graphs(
 
 
 def _decoder_variants(
-    graphs: dict[str, Any], helpers: list[str], kv_dtype: str, attention: str | None
+    graphs: dict[str, Any], helpers: list[str], kv_dtype: str, attention: str
 ) -> dict[str, Any]:
     """What manifest.json says about the two decoder graphs: the server prefers the in-place
     one and falls back to the growing-cache graph where a runtime cannot run opset 24."""
     written = {
-        None: "int8 with a scale per vector, keys transposed (TensorScatter + MatMulInteger "
+        "int8": "int8 with a scale per vector, keys transposed (TensorScatter + MatMulInteger "
         "attention)",
         "fused": "TensorScatter + Attention with nonpad_kv_seqlen",
         "matmul": "TensorScatter + attention as keys x query, masked Softmax, x values",
@@ -244,7 +244,7 @@ def _decoder_variants(
             "cache_scatter": CACHE_SCATTER,
             "kv_cache": f"fixed capacity per row, written in place ({written})",
             "kv_dtype": kv_dtype,
-            "decode_attention": attention or "int8",
+            "decode_attention": attention,
         },
         "fallback": {
             "file": graphs[DECODER]["file"],
@@ -254,8 +254,8 @@ def _decoder_variants(
     }
 
 
-def decode_attention_of(options: ExportOptions) -> str | None:
-    """The in-place decoder's attention for ``options`` (None: the int8 cache's own)."""
+def decode_attention_of(options: ExportOptions) -> str:
+    """The in-place decoder's attention for ``options`` (``int8``: the int8 cache's own)."""
     default = default_decode_attention(options.precision, options.kv_cache_dtype)
     return options.decode_attention or default
 

@@ -30,27 +30,13 @@ from onnx import TensorProto, helper
 from contract.graphs import kv_names, present_name, scale_name, width_axis
 from export.cache_graphs import HELPER_OPSET, quantize_constants, quantize_vectors
 from export.errors import ExportError
-from export.matmul_attention import length_mask
+from export.matmul_attention import attention_constants, length_mask
 
 _PREFIX = "kv8_"
 
 
 def _constants(scale: float) -> list[onnx.TensorProto]:
-    def int64(name: str, values: list[int]) -> onnx.TensorProto:
-        return helper.make_tensor(_PREFIX + name, TensorProto.INT64, [len(values)], values)
-
-    return [
-        *quantize_constants(_PREFIX),
-        int64("axis_0", [0]),
-        int64("axis_1", [1]),
-        helper.make_tensor(_PREFIX + "zero", TensorProto.INT64, [], [0]),
-        helper.make_tensor(_PREFIX + "one", TensorProto.INT64, [], [1]),
-        helper.make_tensor(_PREFIX + "no_bias", TensorProto.FLOAT, [], [0.0]),
-        helper.make_tensor(_PREFIX + "masked", TensorProto.FLOAT, [], [-1e30]),
-        helper.make_tensor(_PREFIX + "softmax_scale", TensorProto.FLOAT, [], [scale]),
-        int64("as_row", [0, 0, 1, -1]),
-        int64("as_column", [0, 0, -1, 1]),
-    ]
+    return [*quantize_constants(_PREFIX), *attention_constants(scale, _PREFIX)]
 
 
 def _retype(value: onnx.ValueInfoProto, head_dim: int) -> onnx.ValueInfoProto:
@@ -85,7 +71,7 @@ def decode_attention(query: str, key: str, value: str, mask: str, out: str) -> l
     c, node = _PREFIX, helper.make_node
     query_i8, weights_u8 = f"{out}_qi", f"{out}_w_u8"
     return [
-        node("Mul", [query, c + "softmax_scale"], [f"{out}_q"]),
+        node("Mul", [query, c + "scale"], [f"{out}_q"]),
         *quantize_vectors(f"{out}_q", query_i8, c, kind="int8"),
         node("MatMulInteger", [query_i8, key], [f"{out}_scores_i"]),
         node("Cast", [f"{out}_scores_i"], [f"{out}_scores_f"], to=TensorProto.FLOAT),

@@ -34,20 +34,20 @@ from export.errors import ExportError
 PREFIX = "mm_attn_"  # the rewrite's constants and tensors
 
 
-def attention_constants(scale: float) -> list[onnx.TensorProto]:
-    """The constants ``length_mask`` and ``matmul_decode_attention`` use (under ``PREFIX``)."""
+def attention_constants(scale: float, prefix: str = PREFIX) -> list[onnx.TensorProto]:
+    """The constants ``length_mask`` and ``matmul_decode_attention`` use, under ``prefix``."""
 
     def int64(name: str, values: list[int]) -> onnx.TensorProto:
-        return helper.make_tensor(PREFIX + name, TensorProto.INT64, [len(values)], values)
+        return helper.make_tensor(prefix + name, TensorProto.INT64, [len(values)], values)
 
     return [
         int64("axis_0", [0]),
         int64("axis_1", [1]),
-        helper.make_tensor(PREFIX + "zero", TensorProto.INT64, [], [0]),
-        helper.make_tensor(PREFIX + "one", TensorProto.INT64, [], [1]),
-        helper.make_tensor(PREFIX + "scale", TensorProto.FLOAT, [], [scale]),
-        helper.make_tensor(PREFIX + "no_bias", TensorProto.FLOAT, [], [0.0]),
-        helper.make_tensor(PREFIX + "masked", TensorProto.FLOAT, [], [-1e30]),
+        helper.make_tensor(prefix + "zero", TensorProto.INT64, [], [0]),
+        helper.make_tensor(prefix + "one", TensorProto.INT64, [], [1]),
+        helper.make_tensor(prefix + "scale", TensorProto.FLOAT, [], [scale]),
+        helper.make_tensor(prefix + "no_bias", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor(prefix + "masked", TensorProto.FLOAT, [], [-1e30]),
         int64("as_column", [0, 0, -1, 1]),
         int64("as_row", [0, 0, 1, -1]),
     ]

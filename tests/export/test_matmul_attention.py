@@ -142,7 +142,7 @@ def test_int8_exports_take_the_matmul_attention_by_default() -> None:
     assert default_decode_attention("int8", "float") == "matmul"
     assert default_decode_attention("fp32", "float") == "fused"
     assert default_decode_attention("fp16", "float") == "fused"
-    assert default_decode_attention("int8", "int8") is None
+    assert default_decode_attention("int8", "int8") == "int8"  # the int8 cache's own
 
 
 def test_the_int8_export_decodes_through_matmul_attention(int8_repository: Path) -> None:
