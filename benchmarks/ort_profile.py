@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.attnserve_runner import export_attnserve, fixed_greedy
+from benchmarks.attnserve_runner import entry_decode_attention, export_attnserve, fixed_greedy
 from benchmarks.machine import machine_metadata
 from benchmarks.marian import (
     BASE,
@@ -34,6 +34,7 @@ from benchmarks.marian import (
     source_ids,
 )
 from benchmarks.output import timestamp
+from contract.graphs import DECODE_ATTENTIONS
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 
@@ -122,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kv-cache", choices=("inplace", "growing"), default="inplace", help="decoder graph"
     )
+    parser.add_argument(
+        "--decode-attention",
+        choices=DECODE_ATTENTIONS,
+        default=None,
+        help="the in-place decoder's attention (default: the precision's export default)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny model (CI smoke run)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--cache", type=Path, default=None)
@@ -129,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     shape = TINY if args.tiny else BASE
     cache = args.cache or default_cache()
     marian = build_marian(cache, shape)
-    entry = export_attnserve(marian, cache, shape, args.precision, fast_int8=True)
+    entry = export_attnserve(
+        marian, cache, shape, args.precision, fast_int8=True, decode_attention=args.decode_attention
+    )
+    attention = entry_decode_attention(entry)
     new_tokens = 8 if args.tiny else 64
     result = {
         "schema": "attnserve-ort-profile/1",
@@ -137,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "tiny": args.tiny,
         "precision": args.precision,
         "kv_cache": args.kv_cache,
+        "decode_attention": attention,
         "threads": args.threads,
         "new_tokens": new_tokens,
         "machine": machine_metadata("cpu"),
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = (
-        args.out / f"ort-profile-{args.precision}-{args.kv_cache}-{timestamp()}"
+        args.out / f"ort-profile-{args.precision}-{args.kv_cache}-{attention}-{timestamp()}"
         f"{'-tiny' if args.tiny else ''}.json"
     )
     path.write_text(json.dumps(result, indent=2) + "\n")

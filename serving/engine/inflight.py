@@ -37,7 +37,7 @@ import numpy as np
 
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
-from serving.engine.decode_cache import DecodeCache, GreedyStep
+from serving.engine.decode_cache import DecodeCache
 from serving.engine.gauges import GaugeBoard
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
@@ -49,13 +49,12 @@ from serving.engine.requests import (
     Listener,
     Outbox,
     TokenEvent,
-    TokenSink,
 )
-from serving.engine.row_state import FIXED, RowState
+from serving.engine.row_state import RowState
 from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
+from serving.engine.step_layout import ActiveSequence, StepAhead, StepLayout
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
-from serving.generation.beam import BeamSearch
-from serving.generation.sampling import RowSampler, greedy_decide, greedy_rows
+from serving.generation.sampling import greedy_decide, greedy_rows
 from serving.metrics import ServingMetrics, observe_many
 from serving.seq2seq import Encoded, Seq2SeqRunner
 
@@ -65,208 +64,6 @@ GREEDY_PASS_ROWS = 4
 # scrape reads them seconds apart, and setting them every step costs as much as a step's token
 # counting. A join or leave sets them at once.
 GAUGE_INTERVAL_S = 0.05
-
-
-class _Sequence:
-    """A running request: its rows in the batch and its decoding state."""
-
-    def __init__(self, request: GenerationRequest, spec: DecoderSpec, max_new: int, now: float):
-        self.request = request
-        self.options = request.options
-        self.max_new = max_new
-        self.limit = min(max_new, spec.max_positions - 1)  # the position table bounds it too
-        self.admitted = now
-        self.beam: BeamSearch | None = None
-        self.sampler: RowSampler | None = None
-        # greedy (temperature 0, not beams): chosen with the step's other greedy rows in one pass
-        self.greedy = False
-        self.forced_eos_at = -1
-        if self.options.beam_size > 1:
-            self.beam = BeamSearch(
-                beam_size=self.options.beam_size,
-                eos_id=spec.eos_id,
-                max_new_tokens=max_new,
-                min_new_tokens=self.options.min_new_tokens,
-                length_penalty=self.options.length_penalty,
-                num_alternatives=self.options.num_alternatives,
-                suppress_ids=spec.suppress_ids,
-                forced_eos=spec.forced_eos,
-            )
-        else:
-            last = self.limit - 1  # the sequence's last position
-            self.sampler = RowSampler(
-                self.options,
-                eos_id=spec.eos_id,
-                suppress_ids=spec.suppress_ids,
-                forced_eos_at=last if spec.forced_eos else None,
-            )
-            self.greedy = self.options.temperature == 0
-            self.forced_eos_at = last if spec.forced_eos else -1
-        self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
-        # its slots of the engine's RowState (a row each), set on admission; ``slot`` the first
-        self.slots = np.zeros(0, dtype=np.int64)
-        self.slot = 0
-        self.parents = np.zeros(0, dtype=np.int64)  # beam search: the rows the beams continue
-
-
-class _Ahead:
-    """A greedy step started before the last step's bookkeeping (``InFlightEngine.overlap``):
-    its rows are those of the sequences running then, of which ``alive`` still run."""
-
-    def __init__(self, result: Callable[[], GreedyStep], count: int) -> None:
-        self.result, self.started = result, time.perf_counter()
-        self.alive: np.ndarray | None = None  # positions in the step's rows; None: all of them
-        self.count = count
-
-    def keep(self, kept: np.ndarray) -> None:
-        """The sequences at ``kept`` (a mask over those running) go on; the rest left."""
-        alive = np.arange(self.count) if self.alive is None else self.alive
-        self.alive = alive[kept]
-
-    def wait(self) -> tuple[GreedyStep, float]:
-        """The step's result for the sequences still running, and its seconds from start."""
-        step = self.result()
-        seconds = time.perf_counter() - self.started
-        if self.alive is None:
-            return step, seconds
-        alive = self.alive
-        logits = step.logits
-        return GreedyStep(step.tokens[alive], step.best[alive], lambda: logits()[alive]), seconds
-
-
-# the layout's per-sequence columns: ``RowState.fixed``'s, then its rows, its sink, greedy
-ROWS_COLUMN = len(FIXED)
-COLUMNS = ROWS_COLUMN + 3
-
-
-class _Layout:
-    """Where the running sequences' rows lie in a step's batch, and what of their state a step
-    reads but never changes. Kept in step with ``InFlightEngine.sequences`` as they change:
-    joiners are appended (``extend``), leavers cut out (``keep``), in numpy; nothing is rebuilt
-    over every running sequence (with requests joining and leaving at nearly every step, a
-    rebuild cost a quarter of a 128-row step's bookkeeping)."""
-
-    def __init__(self, state: RowState) -> None:
-        self._state = state
-        # per row, in step order: its cache row and its state slot
-        self._per_row = np.zeros((2, 0), dtype=np.int64)
-        # per sequence: its token limits (``RowState.fixed``: min_new, forced EOS, limit, route
-        # key), then its rows, its sink (an index into ``_sinks``; -1: none, an event per
-        # token) and whether it is greedy (1)
-        self._per_sequence = np.zeros((COLUMNS, 0), dtype=np.int64)
-        self._sinks: list[TokenSink] = []
-        self._sink_index: dict[TokenSink, int] = {}
-        # the clock time of the last step, when the first ``fresh`` sequences took a token then
-        # and the others (joined since) none yet; None: the tokens' times are to be read
-        self.stepped_at: float | None = None
-        self.fresh = 0
-        self._derive()
-        self._stale = False  # sequences joined or left since ``_derive``
-
-    def extend(self, joined: list[_Sequence]) -> None:
-        """Append the sequences that joined (at the end of ``sequences``)."""
-        count = len(joined)
-        first = np.fromiter((seq.slot for seq in joined), np.int64, count)
-        new = np.empty((COLUMNS, count), dtype=np.int64)
-        new[: len(FIXED)] = self._state.fixed[:, first]
-        new[ROWS_COLUMN:] = np.array(
-            [
-                [len(seq.rows) for seq in joined],
-                [self._sink(seq.request.token_route) for seq in joined],
-                [int(seq.greedy) for seq in joined],
-            ],
-            dtype=np.int64,
-        )
-        rows = np.array(
-            [
-                np.concatenate([seq.rows for seq in joined]),
-                np.concatenate([seq.slots for seq in joined]),
-            ]
-        )
-        self._per_row = np.concatenate((self._per_row, rows), axis=1)
-        self._per_sequence = np.concatenate((self._per_sequence, new), axis=1)
-        self._stale = True
-
-    def keep(self, kept: np.ndarray) -> None:
-        """Cut out the sequences that left: ``kept`` is a bool per sequence, in order."""
-        per_sequence = self._per_sequence
-        single = self._per_row.shape[1] == per_sequence.shape[1]
-        rows_kept = kept if single else np.repeat(kept, per_sequence[ROWS_COLUMN])
-        self._per_row = self._per_row[:, rows_kept]
-        self._per_sequence = self._per_sequence[:, kept]
-        self.fresh = int(np.count_nonzero(kept[: self.fresh]))
-        self._stale = True
-
-    def current(self) -> _Layout:
-        """This layout, what the step reads brought up to date with the joins and leaves since
-        it last ran (once per step, however many there were)."""
-        if self._stale:
-            self._derive()
-            self._stale = False
-        return self
-
-    def _sink(self, route: tuple[TokenSink, int] | None) -> int:
-        if route is None:
-            return -1
-        index = self._sink_index.get(route[0])
-        if index is None:
-            index = self._sink_index[route[0]] = len(self._sinks)
-            self._sinks.append(route[0])
-        return index
-
-    def _derive(self) -> None:
-        """What the step reads, from the per-row and per-sequence arrays (views of them)."""
-        self.rows, self.slots = self._per_row  # the rows in step order, and their state slots
-        self.min_new, self.forced_eos_at, self.limit, self._keys = self._per_sequence[: len(FIXED)]
-        self._counts, self._sink_of, greedy = self._per_sequence[ROWS_COLUMN:]
-        self.single = len(self.rows) == len(self._counts)  # a row each: no beams
-        self._offsets: list[int] | None = None
-        # each sequence's first slot (its generated count, limits, route, tokens)
-        self.first = self.slots if self.single else self.slots[self._starts()]
-        self.greedy = bool(greedy.all())
-        self.any_min_new = bool(self.min_new.any())
-        # where the tokens go: per sink, the indices (in ``sequences``) of its requests (None:
-        # all, in order) and their routes' keys; the requests without a route get an event per
-        # token
-        sink_of = self._sink_of
-        order = np.argsort(sink_of, kind="stable")  # the unrouted (-1) first, then by sink
-        per_sink = np.bincount(sink_of + 1, minlength=len(self._sinks) + 1)
-        unrouted = int(per_sink[0])
-        self.unrouted = order[:unrouted].tolist()
-        if len(self._sinks) > np.count_nonzero(per_sink[1:]) + 8:  # forget the unused sinks
-            used = np.flatnonzero(per_sink[1:])
-            renumber = np.full(len(self._sinks) + 1, -1, dtype=np.int64)
-            renumber[used + 1] = np.arange(len(used))
-            self._sink_of[:] = renumber[sink_of + 1]  # in the per-sequence table
-            self._sinks = [self._sinks[index] for index in used.tolist()]
-            self._sink_index = {sink: index for index, sink in enumerate(self._sinks)}
-            per_sink = np.concatenate(([unrouted], per_sink[1:][used]))
-        self.sinks: list[tuple[TokenSink, np.ndarray | None, np.ndarray]] = []
-        end = unrouted
-        for index, rows in enumerate(per_sink[1:].tolist()):
-            if not rows:
-                continue
-            if rows == len(sink_of):  # every request, in order: the step's own arrays
-                self.sinks.append((self._sinks[index], None, self._keys))
-                break
-            picked = order[end : end + rows]
-            end += rows
-            self.sinks.append((self._sinks[index], picked, self._keys[picked]))
-
-    def _starts(self) -> np.ndarray:
-        return np.cumsum(self._counts) - self._counts
-
-    @property
-    def counts(self) -> list[int]:
-        """Each sequence's rows."""
-        return self._counts.tolist()
-
-    @property
-    def offsets(self) -> list[int]:
-        """Each sequence's first row in the step, then the step's rows."""
-        if self._offsets is None:
-            self._offsets = [*self._starts().tolist(), len(self.rows)]
-        return self._offsets
 
 
 class InFlightEngine:
@@ -322,7 +119,7 @@ class InFlightEngine:
             clock,
         )
         self.cache: DecodeCache = cache or PaddedKVCache(runner, max_rows * spec.max_positions)
-        self.sequences: list[_Sequence] = []
+        self.sequences: list[ActiveSequence] = []
         self._wake = threading.Condition()
         self._outbox = Outbox()
         self._stopping = False
@@ -337,7 +134,7 @@ class InFlightEngine:
         self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
         self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
         self._state = RowState(max_rows, spec.max_positions)
-        self._layout = _Layout(self._state)  # of ``sequences``, changed with them
+        self._layout = StepLayout(self._state)  # of ``sequences``, changed with them
         # set when a request of this engine is cancelled: the next iteration looks for its rows
         self._cancels = threading.Event()
         self._earliest_deadline = math.inf  # at most the running sequences' earliest deadline
@@ -346,7 +143,7 @@ class InFlightEngine:
         if overlap and not hasattr(self.cache, "start_greedy"):
             raise ValueError("overlap needs a cache that starts steps on a thread (in-place)")
         self.overlap = overlap
-        self._ahead: _Ahead | None = None  # the step started during the last bookkeeping
+        self._ahead: StepAhead | None = None  # the step started during the last bookkeeping
         self._executor: ThreadPoolExecutor | None = None  # its thread, made on first use
         self.steps_ahead = 0  # steps started before the last one's bookkeeping (tests read it)
 
@@ -537,7 +334,7 @@ class InFlightEngine:
         joined = []
         for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
-            seq = _Sequence(request, self.spec, limit, now)
+            seq = ActiveSequence(request, self.spec, limit, now)
             seq.rows = request_rows
             self._observe("queue_time", now - request.arrival)
             joined.append(seq)
@@ -629,7 +426,7 @@ class InFlightEngine:
             self._remove(finished)
 
     def _step_greedy(
-        self, layout: _Layout, input_ids: np.ndarray, done: np.ndarray, started: float
+        self, layout: StepLayout, input_ids: np.ndarray, done: np.ndarray, started: float
     ) -> None:
         """A step in which every sequence is greedy with one row: the argmax over the allowed
         tokens (from the device where the cache can; the logits only if a row's sampler must
@@ -672,7 +469,7 @@ class InFlightEngine:
 
     def _book_greedy(
         self,
-        layout: _Layout,
+        layout: StepLayout,
         chosen: np.ndarray,
         done: np.ndarray,
         stops: np.ndarray,
@@ -714,8 +511,8 @@ class InFlightEngine:
             self._remove(finished)
 
     def _start_ahead(
-        self, layout: _Layout, ending: np.ndarray, chosen: np.ndarray, generated: np.ndarray
-    ) -> _Ahead | None:
+        self, layout: StepLayout, ending: np.ndarray, chosen: np.ndarray, generated: np.ndarray
+    ) -> StepAhead | None:
         """The next step of the sequences that go on, started on the step thread; None when
         none goes on or a waiting request may join now (it joins first)."""
         leaving = int(ending.sum())
@@ -735,7 +532,7 @@ class InFlightEngine:
         start = self.cache.start_greedy  # type: ignore[attr-defined]  # __init__ checked it
         result = start(rows, ids, positions, no_eos, self._executor)
         self.steps_ahead += 1
-        return _Ahead(result, len(rows))
+        return StepAhead(result, len(rows))
 
     def _discard_ahead(self) -> None:
         """Wait for the step started ahead and drop its result (its rows left, or failed)."""
@@ -746,7 +543,7 @@ class InFlightEngine:
 
     def _greedy_tokens(
         self,
-        sequences: list[_Sequence],
+        sequences: list[ActiveSequence],
         logits: np.ndarray,
         offsets: list[int],
         done: np.ndarray,
@@ -770,7 +567,7 @@ class InFlightEngine:
         )
         return dict(zip(picked, chosen.tolist(), strict=True))
 
-    def _advance(self, seq: _Sequence, token: int, now: float) -> bool:
+    def _advance(self, seq: ActiveSequence, token: int, now: float) -> bool:
         """Record the sequence's next token; True when the sequence is finished."""
         state, slot = self._state, seq.slot
         done = int(state.generated[slot])
@@ -785,7 +582,7 @@ class InFlightEngine:
             return self._finish(seq, "length", done + 1)
         return False
 
-    def _advance_beam(self, seq: _Sequence, logits: np.ndarray, now: float) -> bool:
+    def _advance_beam(self, seq: ActiveSequence, logits: np.ndarray, now: float) -> bool:
         """Advance the sequence's beams; True when the sequence is finished."""
         assert seq.beam is not None
         state = self._state
@@ -799,7 +596,7 @@ class InFlightEngine:
             return self._finish_beam(seq)
         return False
 
-    def _count_token(self, seq: _Sequence, now: float) -> None:
+    def _count_token(self, seq: ActiveSequence, now: float) -> None:
         last = float(self._state.last_time[seq.slot])
         if last != last:  # NaN: its first token
             self._observe("time_to_first_token", now - seq.request.arrival)
@@ -808,7 +605,7 @@ class InFlightEngine:
         self._state.last_time[seq.slot] = now
         self._new_tokens += 1
 
-    def _count_tokens(self, layout: _Layout, now: float) -> None:
+    def _count_tokens(self, layout: StepLayout, now: float) -> None:
         """``_count_token`` for every sequence of a step of one row each."""
         times = self._state.last_time
         count = len(layout.slots)
@@ -849,7 +646,7 @@ class InFlightEngine:
         self._new_tokens = 0
         self._token_gaps.clear()
 
-    def _finish(self, seq: _Sequence, reason: str, count: int) -> bool:
+    def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
         """Post the sequence's finish with its first ``count`` tokens."""
         self._outbox.post(
             seq.request,
@@ -862,7 +659,7 @@ class InFlightEngine:
         )
         return True
 
-    def _finish_beam(self, seq: _Sequence) -> bool:
+    def _finish_beam(self, seq: ActiveSequence) -> bool:
         assert seq.beam is not None
         best = seq.beam.best()
         top = best[0]

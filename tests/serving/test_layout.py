@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.engine.inflight import _Layout
 from serving.engine.requests import GenerationRequest
 from serving.engine.row_state import RowState
+from serving.engine.step_layout import StepLayout
 from serving.generation.options import DecodingOptions
 from serving.metrics import ServingMetrics
 from tests.serving.test_dead_requests import Clock, drive
@@ -123,7 +123,7 @@ class _Model:
         }
 
 
-def _actual(layout: _Layout, count: int) -> dict[str, Any]:
+def _actual(layout: StepLayout, count: int) -> dict[str, Any]:
     layout = layout.current()
     return {
         "rows": layout.rows.tolist(),
@@ -150,7 +150,7 @@ def _actual(layout: _Layout, count: int) -> dict[str, Any]:
 @given(st.lists(operation, max_size=14))
 def test_layout_kept_equals_layout_built(operations) -> None:
     model = _Model()
-    layout = _Layout(model.state)
+    layout = StepLayout(model.state)
     for kind, argument in operations:
         if kind == "join" and model.next_row + 12 <= 64:
             layout.extend(model.join(argument))
@@ -172,7 +172,7 @@ def test_sinks_no_sequence_uses_are_forgotten() -> None:
     """Frontends come and go: the layout forgets their sinks once more than 8 are unused, and
     routes the remaining sequences as before."""
     model = _Model()
-    layout = _Layout(model.state)
+    layout = StepLayout(model.state)
     for sink in SINKS:  # each sink's one request joins, and the one before it leaves
         layout.extend(model.join([(1, True, sink, 0)]))
         kept = np.ones(len(model.sequences), dtype=bool)
