@@ -264,7 +264,8 @@ def export_attnserve(
     ``export(precision="int8")`` does after a second trace), to keep CI runs short. An int8
     ``kv_cache_dtype`` (int8 only) is the entry ``marian-int8-kv8``. A ``decode_attention``
     other than the precision's default (``attention_suffix``) is the fp32 entry's copy with its
-    in-place decoder rewritten (``export.matmul_attention``), quantised for int8.
+    in-place decoder rewritten (``export.matmul_attention``), quantised for int8; fp16 exports
+    with it.
     """
     from contract.graphs import default_decode_attention
     from contract.repository import CONFIG_FILE, REPOSITORY_FORMAT, read_manifest
@@ -283,7 +284,7 @@ def export_attnserve(
         and _manifest_attention(manifest) == wanted
     ):
         return entry
-    if (precision == "int8" and fast_int8) or suffix:
+    if (precision == "int8" and fast_int8) or (suffix and precision != "fp16"):
         fp32 = export_attnserve(marian_dir, cache, shape, "fp32", False)
         return _derived_copy(fp32, entry, precision, kv_cache_dtype, wanted)
     from export.exporter import ExportOptions, export
@@ -294,6 +295,7 @@ def export_attnserve(
         name=name,
         precision=precision,
         kv_cache_dtype=kv_cache_dtype,
+        decode_attention=decode_attention,
         parity_examples=100,
         force=True,
     )

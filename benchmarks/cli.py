@@ -71,6 +71,12 @@ def _engine_parser(commands: Any) -> None:
         "--precisions", type=_words, help="fp32,int8 (default both); fp16 with --device cuda"
     )
     engine.add_argument(
+        "--decode-attentions",
+        type=_words,
+        help="the in-place decoder's attentions per precision: fused,matmul (default: the "
+        "precision's own, and on the CPU also the other one for fp32 and int8)",
+    )
+    engine.add_argument(
         "--fast-int8",
         action="store_true",
         default=None,
@@ -235,6 +241,7 @@ def run_engine(args: argparse.Namespace) -> int:
         new_tokens="new_tokens",
         engines="engines",
         precisions="precisions",
+        decode_attentions="decode_attentions",
         threads="threads",
         device="device",
         fast_int8="fast_int8",

@@ -25,6 +25,9 @@ class EngineSettings:
     device: str = "cpu"
     engines: tuple[str, ...] = FAMILIES  # families to run
     precisions: tuple[str, ...] = ("fp32", "int8")
+    # the in-place decoder's attentions per precision (``contract.graphs.DECODE_ATTENTIONS``);
+    # None: the precision's default, and on the CPU also the other one for fp32 and int8
+    decode_attentions: tuple[str, ...] | None = None
     pause_s: float = 0.2  # idle time before each timed run (lets spinning thread pools sleep)
     # A timed run during which other processes used more than this share of the machine's CPU
     # is discarded (recorded) and repeated, at most ``noise_retries`` times. None: keep all.
@@ -72,6 +75,15 @@ class EngineSettings:
         bad = sorted(set(self.precisions) - {"fp32", "fp16", "int8"})
         if bad:
             raise ValueError(f"unknown precision(s) {bad}; choose from fp32, fp16, int8")
+        if self.decode_attentions is not None:
+            from contract.graphs import DECODE_ATTENTIONS
+
+            wrong = sorted(set(self.decode_attentions) - set(DECODE_ATTENTIONS))
+            if wrong or not self.decode_attentions:
+                raise ValueError(
+                    f"--decode-attentions must list {', '.join(DECODE_ATTENTIONS)} (got "
+                    f"{list(self.decode_attentions)})"
+                )
         if self.device not in ("cpu", "cuda"):
             raise ValueError("--device must be cpu or cuda")
         if "fp16" in self.precisions and self.device != "cuda":

@@ -89,14 +89,13 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
     and for int8 the same in-place runs with an int8 KV cache."""
     specs = []
     for precision in settings.precisions:
-        # what the server runs, the fallback, and on the CPU the other decode attention (int8:
-        # the fused op, as before matmul became its default; fp32: MatMuls, the CPU's option)
+        # what the server runs, the fallback, then the other decode attentions asked for
+        first, *others = decode_attentions(settings, precision)
         variants: list[tuple[str, str, str | None]] = [
-            ("float", "inplace", None),
+            ("float", "inplace", first),
             ("float", "growing", None),
+            *(("float", "inplace", attention) for attention in others),
         ]
-        if settings.device == "cpu" and precision in ("fp32", "int8"):
-            variants.append(("float", "inplace", "fused" if precision == "int8" else "matmul"))
         if precision == "int8":
             variants.append(("int8", "inplace", None))
         for kv_dtype, kv_cache, attention in variants:
@@ -132,6 +131,22 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
                 graphs = {**kwargs, "cuda_graph": True}
                 specs.append(RunnerSpec(name + CUDA_GRAPH_SUFFIX, "attnserve", graphs))
     return specs
+
+
+def decode_attentions(settings: EngineSettings, precision: str) -> list[str | None]:
+    """The in-place decoder's attentions to run for ``precision`` (None: its default,
+    ``contract.graphs.default_decode_attention``). Unless ``--decode-attentions`` says, the
+    default, and on the CPU also the other one for fp32 and int8 (int8: the fused op, as before
+    matmul became its default; fp32: MatMuls, the CPU's option)."""
+    from contract.graphs import default_decode_attention
+
+    default = default_decode_attention(precision, "float")
+    if settings.decode_attentions is not None:
+        asked = dict.fromkeys(settings.decode_attentions)  # in order, each once
+        return [None if name == default else name for name in asked]
+    if settings.device == "cpu" and precision in ("fp32", "int8"):
+        return [None, "fused" if precision == "int8" else "matmul"]
+    return [None]
 
 
 def ctranslate2_specs(

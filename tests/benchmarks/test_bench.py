@@ -92,6 +92,31 @@ def _load(path: Path) -> dict[str, Any]:
     return document
 
 
+def test_an_fp16_entry_with_the_matmul_attention_is_exported_at_fp16(
+    engine_json: Path, cache_dir: Path
+) -> None:
+    """fp16 is not derived from the fp32 entry (as fp32's and int8's other attention are): it
+    is exported at fp16 with ``decode_attention`` matmul (the fp16 export runs on the CPU)."""
+    import onnx
+
+    from benchmarks.attnserve_runner import entry_decode_attention, export_attnserve
+    from benchmarks.marian import TINY, build_marian
+    from contract.graphs import DECODER_INPLACE_FILE
+    from contract.repository import read_manifest, resolve_version
+
+    marian = build_marian(cache_dir, TINY)
+    entry = export_attnserve(marian, cache_dir, TINY, "fp16", True, decode_attention="matmul")
+    assert entry.name == "marian-fp16-matmul"
+    version = resolve_version(entry)
+    manifest = read_manifest(version)
+    assert manifest["precision"] == "fp16" and "derived_from" not in manifest
+    assert entry_decode_attention(entry) == "matmul"
+    graph = onnx.load(str(version / DECODER_INPLACE_FILE), load_external_data=False).graph
+    assert not [node for node in graph.node if node.op_type == "Attention"]
+    past = next(i for i in graph.input if i.name == "past_key.0")
+    assert past.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+
 def test_engine_tiny_writes_valid_json_and_plot(engine_json: Path) -> None:
     result = _load(engine_json)
     assert result["kind"] == "engine" and result["settings"]["tiny"]

@@ -261,6 +261,77 @@ def test_attnserve_specs_per_device(
         assert specs[3].kwargs["entry"] == tmp_path / "entry('float', 'matmul')"
 
 
+@pytest.mark.parametrize(
+    ("device", "precision", "asked", "names"),
+    [
+        # on CUDA both attentions (with CUDA graphs each), fp16 exported with the MatMuls
+        (
+            "cuda",
+            "fp16",
+            ("fused", "matmul", "fused"),
+            [
+                ("attnserve-fp16", None),
+                ("attnserve-fp16-cudagraph", None),
+                ("attnserve-fp16-growing", None),
+                ("attnserve-fp16-matmul", "matmul"),
+                ("attnserve-fp16-matmul-cudagraph", "matmul"),
+            ],
+        ),
+        # only the MatMuls: the in-place runs take them, the growing fallback stays
+        (
+            "cpu",
+            "fp32",
+            ("matmul",),
+            [
+                ("attnserve-fp32-matmul", "matmul"),
+                ("attnserve-fp32-matmul-2x1", "matmul"),
+                ("attnserve-fp32-growing", None),
+            ],
+        ),
+        # int8's default is matmul: asked alone, no fused run; the int8 KV cache as always
+        (
+            "cpu",
+            "int8",
+            ("matmul",),
+            [
+                ("attnserve-int8", None),
+                ("attnserve-int8-2x1", None),
+                ("attnserve-int8-growing", None),
+                ("attnserve-int8-kv8", None),
+                ("attnserve-int8-kv8-2x1", None),
+            ],
+        ),
+    ],
+)
+def test_decode_attentions_asked_for(
+    device: str,
+    precision: str,
+    asked: tuple[str, ...],
+    names: list[tuple[str, str | None]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """``--decode-attentions`` picks the in-place runs' attentions per precision (each once)."""
+    exported = []
+
+    def export(*args: Any) -> Path:
+        exported.append((args[3], args[6]))
+        return tmp_path / f"{args[3]}-{args[6]}"
+
+    monkeypatch.setattr(runners, "export_attnserve", export)
+    config = settings(
+        engines=("attnserve",),
+        threads=2,
+        device=device,
+        precisions=(precision,),
+        decode_attentions=asked,
+    )
+    specs, _ = runners.runner_specs(config, tmp_path / "marian", tmp_path)
+    assert [(s.name, s.kwargs["decode_attention"]) for s in specs] == names
+    assert (precision, "matmul") in exported or precision == "int8"
+    assert exported.count((precision, "fused")) == 0  # the default is asked for as None
+
+
 def test_fp16_specs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(runners, "export_attnserve", lambda *a: tmp_path / a[3])
     monkeypatch.setattr(runners, "ctranslate2_available", lambda device: None)
@@ -292,6 +363,10 @@ def test_settings_checks_and_source_ids() -> None:
     with pytest.raises(ValueError, match="fp16 runs with --device cuda only"):
         settings(precisions=("fp16",)).check()
     settings(precisions=("fp32", "fp16"), device="cuda").check()
+    settings(decode_attentions=("matmul", "fused")).check()
+    for wrong in [("flash",), ()]:
+        with pytest.raises(ValueError, match="--decode-attentions must list fused, matmul"):
+            settings(decode_attentions=wrong).check()
     ids = source_ids(np.random.default_rng(0), 3, 6, TINY)
     assert ids.shape == (3, 6) and (ids[:, -1] == EOS_ID).all()
     assert ((ids[:, :-1] >= 2) & (ids[:, :-1] < TINY.pad_id)).all()
