@@ -1,15 +1,16 @@
 """What a decode step launches on a GPU: kernels and copies per step, and how busy they keep it.
 
     python -m benchmarks.gpu_kernels [--batches 1 64] [--precisions fp32 fp16] [--no-cuda-graphs]
+        [--decode-attentions fused matmul]
 
 At small batches a decode step on a GPU is mostly kernel launches: the step's time is its number
 of kernels times a few microseconds, not its FLOPs. This decodes 64 tokens per row of the
 Marian-base entry that ``attnserve bench engine`` uses (exported into the same cache), through
 the same ``fixed_greedy`` loop and CUDA graphs, under PyTorch's profiler, whose CUPTI tracing
 records every kernel and copy in the process, ONNX Runtime's included. Writes
-``benchmarks/results/gpu-kernels-*.json``: per precision and batch, the wall time per step (a
-run without the profiler), kernels and copies per step, the GPU's busy time per step (the union
-of the kernels' intervals), and the kernels that take the most of it.
+``benchmarks/results/gpu-kernels-*.json``: per precision, decode attention and batch, the wall
+time per step (a run without the profiler), kernels and copies per step, the GPU's busy time per
+step (the union of the kernels' intervals), and the kernels that take the most of it.
 
 Needs a CUDA GPU, onnxruntime-gpu and torch with CUDA (the device image has both).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import sys
 import tempfile
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.output import write_probe
+from contract.graphs import DECODE_ATTENTIONS
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 KERNEL, COPY = "kernel", "gpu_memcpy"  # the chrome trace's categories (PyTorch's kineto)
@@ -113,8 +116,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     cache = args.cache or default_cache()
     marian = build_marian(cache, BASE)
     points = []
-    for precision in args.precisions:
-        entry = export_attnserve(marian, cache, BASE, precision, False)
+    for precision, attention in itertools.product(args.precisions, args.decode_attentions):
+        entry = export_attnserve(marian, cache, BASE, precision, False, decode_attention=attention)
         for batch in args.batches:
             runner = AttnServeRunner(
                 entry,
@@ -124,11 +127,11 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 device="cuda",
                 max_batch=batch,
                 cuda_graph=not args.no_cuda_graphs,
+                decode_attention=attention,
             )
             ids = source_ids(np.random.default_rng(0), batch, 32, BASE)
-            point = {"precision": precision, "batch": batch} | profile_point(
-                runner, ids, args.new_tokens
-            )
+            point = {"precision": precision, "decode_attention": attention, "batch": batch}
+            point |= profile_point(runner, ids, args.new_tokens)
             print(json.dumps(point), file=sys.stderr, flush=True)  # progress
             points.append(point)
             runner.close()
@@ -140,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     parser.add_argument(
         "--precisions", nargs="+", choices=("fp32", "fp16"), default=["fp32", "fp16"]
+    )
+    parser.add_argument(
+        "--decode-attentions",
+        nargs="+",
+        choices=DECODE_ATTENTIONS,
+        default=["fused"],
+        help="the in-place decoder's attention: the fused op (the GPU default) and/or MatMuls",
     )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--no-cuda-graphs", action="store_true")
