@@ -248,6 +248,13 @@ def run_client(args: argparse.Namespace) -> int:
             return 0
         except ClientError as err:
             print(f"attnserve {args.command}: {err}", file=sys.stderr)
+            if err.code.name == "UNAVAILABLE" and "failed to connect" in err.details:
+                print(
+                    f"attnserve {args.command}: no server answered at {args.server}: start one "
+                    "with `make run` or `attnserve serve`, or name another with --server "
+                    "HOST:PORT",
+                    file=sys.stderr,
+                )
             return 2 if err.code.name in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
 
 
