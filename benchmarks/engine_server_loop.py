@@ -120,10 +120,11 @@ async def _point(
         if share
     ]
     await asyncio.sleep(start_at - time.time())
-    cpu, steps = time.process_time(), engine.steps
+    cpu, steps, ahead = time.process_time(), engine.steps, engine.steps_ahead
     device_seconds, device_steps = (device.seconds, device.steps) if device else (0.0, 0)
     await asyncio.sleep(end_at - time.time())
     cpu, steps = time.process_time() - cpu, engine.steps - steps
+    ahead = engine.steps_ahead - ahead
     if device is not None:
         device_seconds, device_steps = device.seconds - device_seconds, device.steps - device_steps
     outputs = [await client.communicate() for client in clients]
@@ -140,6 +141,8 @@ async def _point(
         "tokens_per_s": round(tokens / duration, 1),
         "steps_per_s": round(steps / duration, 1),
         "rows_per_step": round(tokens / steps, 2) if steps else 0.0,
+        # with --overlap: the steps started before their predecessor's bookkeeping
+        "steps_ahead_share": round(ahead / steps, 3) if steps else 0.0,
         "engine_process_cpu_share": round(cpu / duration, 3),
         "engine_process_us_per_token": round(cpu / tokens * 1e6, 2) if tokens else None,
         # the client processes' CPU (a frontend's engine-side work per token, without gRPC)
