@@ -134,12 +134,21 @@ class _Device:
 
     def __init__(self, step_ms: float) -> None:
         self.step_s, self.seconds, self.steps = step_ms / 1e3, 0.0, 0
+        self.idle = 0.0  # seconds between one step's end and the next one's start, summed
+        self._ended: float | None = None
 
     def wait(self) -> None:
         started = time.perf_counter()
+        if self._ended is not None:
+            self.idle += started - self._ended
         time.sleep(self.step_s)
-        self.seconds += time.perf_counter() - started
+        self._ended = time.perf_counter()
+        self.seconds += self._ended - started
         self.steps += 1
+
+    def totals(self) -> tuple[float, int, float]:
+        """Seconds in steps, steps, seconds between steps (for deltas over a point)."""
+        return self.seconds, self.steps, self.idle
 
     @staticmethod
     def resize_of(decoder: Any) -> Any:
@@ -169,17 +178,25 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def device_figures(device: _Device | None, steps: int, seconds: float, wall: float) -> dict:
-    """What the emulated device did over a point: the share of the wall time a device whose
-    step takes ``step_s`` would have been busy (the served rate against the offline one at the
-    same rows per step), and the engine thread's mean wait per step (the sleep, its overshoot,
-    and taking the GIL back after it, as after a GPU step)."""
-    if device is None or not steps:
+def device_figures(
+    device: _Device | None, before: tuple[float, int, float], wall: float
+) -> dict[str, Any]:
+    """What the emulated device did over a point (``before``: its ``totals()`` at the start):
+    the share of the wall time a device whose step takes ``step_s`` would have been busy (the
+    served rate against the offline one at the same rows per step), the engine thread's mean
+    wait per step (the sleep, its overshoot, and taking the GIL back after it, as after a GPU
+    step) and the mean time between a step's end and the next one's start (the host's part of
+    a step's cycle: what overlapping could hide)."""
+    if device is None:
+        return {}
+    seconds, steps, idle = (now - then for now, then in zip(device.totals(), before, strict=True))
+    if not steps:
         return {}
     return {
         "device_step_ms": round(device.step_s * 1e3, 3),
         "device_busy_share": round(steps * device.step_s / wall, 4),
         "device_wait_ms": round(seconds / steps * 1e3, 4),
+        "host_gap_ms": round(idle / steps * 1e3, 4),
     }
 
 
@@ -245,15 +262,13 @@ async def _point(
     await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
     counts[:], encode.seconds = [0, 0], 0.0
     steps = engine.steps
-    device_seconds, device_steps = (device.seconds, device.steps) if device else (0.0, 0)
+    before = device.totals() if device else (0.0, 0, 0.0)
     started = time.perf_counter()
     until = started + duration
     with _Collections() as collections:
         await asyncio.gather(*(_client(engine, until, counts) for _ in range(streams)))
     wall = time.perf_counter() - started
     steps = engine.steps - steps
-    if device is not None:
-        device_seconds, device_steps = device.seconds - device_seconds, device.steps - device_steps
     busy = wall - encode.seconds  # the encoder is real (this CPU); a GPU's is far cheaper
     rows = counts[0] / steps if steps else 0.0
     return {
@@ -271,7 +286,7 @@ async def _point(
         "gc_collections": collections.runs,  # both threads
         "gc_seconds": round(collections.seconds, 4),
         "gc_longest_ms": round(collections.longest * 1e3, 2),  # a pause no stream moves in
-        **device_figures(device, device_steps, device_seconds, wall),
+        **device_figures(device, before, wall),
     }
 
 

@@ -15,7 +15,9 @@ gRPC), for ``--duration`` seconds after a warm-up.
 Writes ``benchmarks/results/engine-server-loop-*.json``: per stream count, new tokens/s at the
 clients, decode steps/s, rows per step, the engine process's CPU time per token (its engine
 thread and event loop together) and the client processes' (what a frontend spends per token on
-the engine's messages, before any gRPC).
+the engine's messages, before any gRPC); with ``--device-step-ms`` also the emulated device's
+busy share, the engine thread's wait per step and the host's time between two steps
+(``host_gap_ms``), and with ``--overlap`` the share of steps started ahead.
 """
 
 from __future__ import annotations
@@ -121,12 +123,10 @@ async def _point(
     ]
     await asyncio.sleep(start_at - time.time())
     cpu, steps, ahead = time.process_time(), engine.steps, engine.steps_ahead
-    device_seconds, device_steps = (device.seconds, device.steps) if device else (0.0, 0)
+    before = device.totals() if device else (0.0, 0, 0.0)
     await asyncio.sleep(end_at - time.time())
     cpu, steps = time.process_time() - cpu, engine.steps - steps
     ahead = engine.steps_ahead - ahead
-    if device is not None:
-        device_seconds, device_steps = device.seconds - device_seconds, device.steps - device_steps
     outputs = [await client.communicate() for client in clients]
     if any(client.returncode for client in clients):
         raise RuntimeError("a client process failed")
@@ -149,7 +149,7 @@ async def _point(
         "client_us_per_token": (
             round(sum(c["cpu_us"] for c in counts) / tokens, 2) if tokens else None
         ),
-        **device_figures(device, device_steps, device_seconds, duration),
+        **device_figures(device, before, duration),
     }
 
 

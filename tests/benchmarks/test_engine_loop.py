@@ -35,3 +35,28 @@ def test_the_engine_loop_decodes_every_stream_and_times_its_steps(
     assert all(p["gc_collections"] >= 0 and p["gc_seconds"] >= 0 for p in result["points"])
     assert one["rows_per_step"] == 1.0
     assert eight["rows_per_step"] > 1.0  # the streams share steps
+
+
+def test_the_emulated_device_counts_its_steps_and_the_host_time_between_them() -> None:
+    """``--device-step-ms``: each step sleeps its time; the figures over a point come from the
+    totals' deltas, the host's gap being the time from one step's end to the next one's start
+    (bounds only: a sleep takes at least what it asks)."""
+    import time
+
+    from benchmarks.engine_loop import device_figures, device_of
+
+    assert device_of(None) is None and device_figures(None, (0.0, 0, 0.0), 1.0) == {}
+    device = device_of(1.0)
+    assert device is not None
+    device.wait()  # before the point: not counted
+    before = device.totals()
+    assert device_figures(device, before, 1.0) == {}  # no step in the point yet
+    time.sleep(0.004)
+    device.wait()
+    time.sleep(0.004)
+    device.wait()
+    figures = device_figures(device, before, wall=1.0)
+    assert figures["device_step_ms"] == 1.0
+    assert figures["device_busy_share"] == 0.002  # 2 steps of 1 ms in 1 s
+    assert figures["device_wait_ms"] >= 1.0
+    assert figures["host_gap_ms"] >= 4.0  # two gaps of at least 4 ms over two steps
