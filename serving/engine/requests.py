@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from serving.engine.loop_wake import call_soon_threadsafe
 from serving.generation.options import DecodingOptions
 
 _ids = itertools.count()
@@ -123,7 +124,7 @@ class GenerationRequest:
         if self._loop is None or self._channel is None:
             return
         try:
-            self._loop.call_soon_threadsafe(self._channel.put, event)
+            call_soon_threadsafe(self._loop, self._channel.put, event)
         except RuntimeError:  # the caller's loop is closed: nobody is listening any more
             self.cancel()
 
@@ -279,7 +280,7 @@ class Outbox:
         self._items, self._columns, self._arrays = [], {}, {}
         for loop, delivery in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, delivery)
+                call_soon_threadsafe(loop, _deliver, delivery)
             except RuntimeError:  # the callers' loop is closed: nobody is listening any more
                 for request, _ in delivery[1]:
                     request.cancel()
