@@ -10,7 +10,10 @@ queues the callback the same way and writes the same byte through ``ctypes.PyDLL
 the GIL: the engine thread goes on to its next step and lets the GIL go when the step does (an
 ONNX Runtime run), and the loop's callbacks run during the step instead of before it.
 
-Loops without a self-pipe socket (not asyncio's selector loops) are woken their own way.
+``Outbox.flush`` wakes the engine process's loop this way (its callbacks only forward token
+columns to the frontends' sockets); a caller's loop in the engine's own process, whose callbacks
+are gRPC writes, is woken as asyncio does. Loops without a self-pipe socket (not asyncio's
+selector loops) are woken their own way.
 """
 
 from __future__ import annotations

@@ -103,3 +103,50 @@ def test_other_loops_are_woken_their_own_way() -> None:
     loop = _OtherLoop()
     call_soon_threadsafe(loop, print, 1, 2)  # type: ignore[arg-type]
     assert loop.calls == [(print, (1, 2))]
+
+
+class _Sink:
+    """A token sink on a real loop (the engine process's frontend sinks are such)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.got: list[list[int]] = []
+        self.ran = threading.Event()
+
+    def tokens(self, routes: Any, tokens: Any, indices: Any) -> None:
+        self.got.append(tokens.tolist())
+        self.ran.set()
+
+
+def test_the_outbox_keeps_the_gil_only_for_the_engine_process_token_columns(
+    running_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routed token columns (the engine process's loop) are handed over with the GIL kept;
+    a request's events on a caller's loop in this process the way asyncio does."""
+    import numpy as np
+
+    from serving.engine import requests
+    from serving.engine.requests import FinishEvent, GenerationRequest, Outbox
+    from serving.generation.options import DecodingOptions
+
+    kept: list[Any] = []
+
+    def spy(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+        kept.append(loop)
+        call_soon_threadsafe(loop, callback, *args)
+
+    monkeypatch.setattr(requests, "call_soon_threadsafe", spy)
+    outbox, sink = Outbox(), _Sink(running_loop)
+    keys = np.array([0, 1], dtype=np.int64)
+    outbox.post_tokens(sink, keys, np.array([5, 6], dtype=np.int64), keys)
+    outbox.flush()
+    assert sink.ran.wait(5) and sink.got == [[5, 6]]
+    assert kept == [running_loop]
+
+    request = GenerationRequest(options=DecodingOptions(), source_ids=np.array([3, 4]))
+    channel = request.attach(running_loop)
+    outbox.post(request, FinishEvent(reason="stop", tokens=[5]))
+    outbox.flush()
+    chunk = asyncio.run_coroutine_threadsafe(channel.chunk(), running_loop).result(5)
+    assert [type(event) for event in chunk] == [FinishEvent]
+    assert kept == [running_loop]  # not again: asyncio's own wake
