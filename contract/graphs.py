@@ -135,7 +135,19 @@ DECODER_INPLACE_STEP_INPUTS = ("input_ids", "cache_lengths", "cross_lengths")
 GREEDY_PICK, GREEDY_PICK_FILE = "greedy_pick", "greedy_pick.onnx"
 GREEDY_SUPPRESSED, GREEDY_EOS, GREEDY_NO_EOS = "suppressed", "eos", "no_eos"
 GREEDY_IDS, GREEDY_LOGIT = "greedy_ids", "greedy_logit"
-OPTIONAL_INPLACE_GRAPH_FILES = {GREEDY_PICK: GREEDY_PICK_FILE}
+# decoder_block (exports since 2026-11-28, with --decode-block K): K greedy steps in one run, the
+#     in-place decoder's nodes K times with greedy_pick's between them, each step's pick fed to
+#     the next as its token. Inputs: the in-place decoder's, and suppressed, eos (as greedy_pick),
+#     eos_after [batch] int64 (step j of the block may choose EOS where j >= eos_after). Outputs:
+#     block_ids [batch, K] int64, block_logit [batch, K] float (greedy_pick's per step), and
+#     every step's caches, present_key.{i}.step{j} ...: bind them all to the buffer of their past
+#     and each step writes in place, reading what the steps before it wrote. A row's tokens after
+#     its EOS (or a NaN) are the block's own continuation: the caller keeps a row's tokens up to
+#     where it ends and rewinds its cache length there (the positions written past it are
+#     overwritten by the steps that follow).
+DECODER_BLOCK, DECODER_BLOCK_FILE = "decoder_block", "decoder_block.onnx"
+BLOCK_IDS, BLOCK_LOGIT, BLOCK_EOS_AFTER = "block_ids", "block_logit", "eos_after"
+OPTIONAL_INPLACE_GRAPH_FILES = {GREEDY_PICK: GREEDY_PICK_FILE, DECODER_BLOCK: DECODER_BLOCK_FILE}
 ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"
 VECTOR_SCATTER = "vector_scatter"
 
@@ -195,6 +207,11 @@ def decoder_inplace_input_names(num_layers: int) -> list[str]:
         *kv_names("past", num_layers),
         *kv_names("cross", num_layers),
     ]
+
+
+def block_present_name(past_name: str, step: int) -> str:
+    """The ``decoder_block`` output of step ``step``'s ``past_name`` cache."""
+    return f"{present_name(past_name)}.step{step}"
 
 
 def written_name(buffer_name: str) -> str:

@@ -106,6 +106,12 @@ class InFlightBatching:
     # device computes (vLLM's and SGLang's overlapped scheduling); waiting requests join after
     # such a step. The in-place KV cache only. Off by default: not yet measured on a GPU host.
     overlap_steps: bool = False
+    # Decode greedy steps K at a time through the export's decoder_block graph (export
+    # --decode-block K; vLLM's multi-step scheduling): one run, and one pass of the engine's
+    # bookkeeping, per K tokens. Used while every running sequence decodes greedily, none waits to
+    # join and each has room for K more positions; tokens then stream K at a time. Off by
+    # default: not yet measured on a GPU host.
+    decode_block: bool = False
 
     def __post_init__(self) -> None:
         _at_least_one(

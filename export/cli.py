@@ -63,6 +63,14 @@ def add_parsers(subparsers: Any) -> None:
         "else fused",
     )
     export.add_argument(
+        "--decode-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also write decoder_block.onnx: K greedy decoder steps in one run (2-16), for "
+        "batching.decode_block (the host's work per token divided by K; default 0: not written)",
+    )
+    export.add_argument(
         "--tensorrt",
         action="store_true",
         help="also build TensorRT engines (needs TensorRT and an NVIDIA GPU)",
@@ -124,6 +132,7 @@ def run_export(args: argparse.Namespace) -> int:
         precision=args.precision,
         kv_cache_dtype=args.kv_cache_dtype,
         decode_attention=args.decode_attention,
+        decode_block=args.decode_block,
         tensorrt=args.tensorrt,
         tensorrt_flavour=args.tensorrt_flavour,
         force=args.force,

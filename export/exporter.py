@@ -17,7 +17,9 @@ import torch
 from contract.graphs import (
     DECODE_ATTENTIONS,
     DECODER,
+    DECODER_BLOCK_FILE,
     DECODER_INPLACE,
+    DECODER_INPLACE_FILE,
     FUSED_ATTENTION_OPSET,
     INPLACE_GRAPH_FILES,
     KV_CACHE_DTYPES,
@@ -31,6 +33,7 @@ from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntime
 from contract.repository import REPOSITORY_FORMAT, write_manifest
 from export.cache_graphs import CACHE_SCATTER, write_cache_graphs
 from export.cast_round_trips import drop_cast_round_trips
+from export.decoder_block import MAX_BLOCK_STEPS, MIN_BLOCK_STEPS, decoder_block_model
 from export.errors import ExportError
 from export.fused_projections import fuse_projections
 from export.kv_int8 import int8_kv_cache
@@ -79,6 +82,8 @@ class ExportOptions:
     # the in-place decoder's attention with a float cache: fused (the Attention op) | matmul
     # (export.matmul_attention, faster on the CPU); None: matmul for int8, else fused
     decode_attention: str | None = None
+    # greedy steps per run of the decode block graph (export.decoder_block); 0: not written
+    decode_block: int = 0
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
     tensorrt_flavour: str | None = None  # auto | tensorrt | rtx (None: ATTNSERVE_TENSORRT_FLAVOUR)
     force: bool = False  # overwrite an existing version
@@ -112,6 +117,11 @@ def export(
     if options.kv_cache_dtype == "int8" and options.precision != "int8":
         raise ExportError("--kv-cache-dtype int8 goes with --precision int8")
     _check_decode_attention(options)
+    if options.decode_block and not MIN_BLOCK_STEPS <= options.decode_block <= MAX_BLOCK_STEPS:
+        raise ExportError(
+            f"--decode-block takes {MIN_BLOCK_STEPS} to {MAX_BLOCK_STEPS} steps (or 0: none), "
+            f"not {options.decode_block}"
+        )
     if options.tensorrt and options.precision == "int8":
         raise ExportError("--tensorrt builds from fp32 or fp16 graphs; use --precision fp16")
     if not MIN_OPSET <= options.opset <= MAX_OPSET:
@@ -173,6 +183,12 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
             if options.precision == "fp16":
                 graphs[spec.name]["cast_round_trips_removed"] = round_trips
     helpers = _write_cache_graphs(loaded, version_dir, options)
+    if helpers and options.decode_block:
+        block = decoder_block_model(
+            onnx.load(str(version_dir / DECODER_INPLACE_FILE)), options.decode_block
+        )
+        onnx.save(block, str(version_dir / DECODER_BLOCK_FILE))
+        helpers.append(DECODER_BLOCK_FILE)
     backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
         version_dir,
         {**{s.name: s.filename for s in specs}, **_helper_graphs(helpers)},
@@ -201,6 +217,12 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
     }
     if helpers:
         manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype, attention)
+        if options.decode_block:
+            manifest["decoders"]["inplace"]["decode_block"] = {
+                "file": DECODER_BLOCK_FILE,
+                "steps": options.decode_block,
+                "greedy_steps": "the in-place decoder and greedy_pick per step, in one run",
+            }
     if options.tensorrt:
         from export.tensorrt import build_engines
 

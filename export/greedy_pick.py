@@ -41,18 +41,37 @@ from contract.graphs import (
 PICK_OPSET = 18  # ReduceMax / ReduceSum with axes as an input
 
 
+def pick_nodes(
+    logits: str, no_eos: str, ids: str, logit: str, prefix: str = ""
+) -> list[onnx.NodeProto]:
+    """The pick's nodes over ``logits`` with the rows' EOS ban ``no_eos`` ([batch, 1, 1] bool),
+    writing ``ids`` and ``logit``; intermediate names start with ``prefix``. They read the
+    initializers ``pick_constants`` makes and the inputs ``suppressed`` and ``eos``."""
+    p = prefix
+    return [
+        helper.make_node("And", [GREEDY_EOS, no_eos], [f"{p}eos_banned"]),
+        helper.make_node("Or", [GREEDY_SUPPRESSED, f"{p}eos_banned"], [f"{p}banned"]),
+        helper.make_node("Where", [f"{p}banned", "pick_minus_inf", logits], [f"{p}allowed"]),
+        helper.make_node("ArgMax", [f"{p}allowed"], [ids], axis=2, keepdims=0),
+        helper.make_node("ReduceMax", [f"{p}allowed", "pick_axes"], [f"{p}max"], keepdims=0),
+        helper.make_node("ReduceSum", [logits, "pick_axes"], [f"{p}sum"], keepdims=0),
+        helper.make_node("IsNaN", [f"{p}sum"], [f"{p}has_nan"]),
+        helper.make_node("Where", [f"{p}has_nan", "pick_nan", f"{p}max"], [logit]),
+    ]
+
+
+def pick_constants() -> list[onnx.TensorProto]:
+    """The initializers ``pick_nodes`` reads."""
+    return [
+        helper.make_tensor("pick_axes", TensorProto.INT64, [1], [2]),
+        helper.make_tensor("pick_nan", TensorProto.FLOAT, [], [float("nan")]),
+        helper.make_tensor("pick_minus_inf", TensorProto.FLOAT, [], [float("-inf")]),
+    ]
+
+
 def greedy_pick_model() -> onnx.ModelProto:
     """``contract.graphs`` documents the inputs and outputs (``greedy_pick``)."""
-    nodes = [
-        helper.make_node("And", [GREEDY_EOS, GREEDY_NO_EOS], ["eos_banned"]),
-        helper.make_node("Or", [GREEDY_SUPPRESSED, "eos_banned"], ["banned"]),
-        helper.make_node("Where", ["banned", "minus_inf", LOGITS], ["allowed"]),
-        helper.make_node("ArgMax", ["allowed"], [GREEDY_IDS], axis=2, keepdims=0),
-        helper.make_node("ReduceMax", ["allowed", "axes"], ["max"], keepdims=0),
-        helper.make_node("ReduceSum", [LOGITS, "axes"], ["sum"], keepdims=0),
-        helper.make_node("IsNaN", ["sum"], ["has_nan"]),
-        helper.make_node("Where", ["has_nan", "nan", "max"], [GREEDY_LOGIT]),
-    ]
+    nodes = pick_nodes(LOGITS, GREEDY_NO_EOS, GREEDY_IDS, GREEDY_LOGIT)
     graph = helper.make_graph(
         nodes,
         GREEDY_PICK,
@@ -66,11 +85,7 @@ def greedy_pick_model() -> onnx.ModelProto:
             helper.make_tensor_value_info(GREEDY_IDS, TensorProto.INT64, ["batch", 1]),
             helper.make_tensor_value_info(GREEDY_LOGIT, TensorProto.FLOAT, ["batch", 1]),
         ],
-        [
-            helper.make_tensor("axes", TensorProto.INT64, [1], [2]),
-            helper.make_tensor("nan", TensorProto.FLOAT, [], [float("nan")]),
-            helper.make_tensor("minus_inf", TensorProto.FLOAT, [], [float("-inf")]),
-        ],
+        pick_constants(),
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", PICK_OPSET)])
     # as the cache graphs: an IR version every supported ONNX Runtime reads (a newer onnx package

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from contract.graphs import (
     DECODER,
+    DECODER_BLOCK,
     ENCODER,
     INPLACE_GRAPH_FILES,
     OPTIONAL_INPLACE_GRAPH_FILES,
@@ -56,6 +57,8 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
     if wanted and all((version_dir / name).is_file() for name in inplace.values()):
         optional = OPTIONAL_INPLACE_GRAPH_FILES.items()  # absent from older exports
         inplace |= {graph: name for graph, name in optional if (version_dir / name).is_file()}
+        if not getattr(config.batching, "decode_block", False):  # a session with its weights
+            inplace.pop(DECODER_BLOCK, None)
         try:
             return OnnxRuntimeBackend(version_dir, inplace, config.onnxruntime)
         except BackendError as err:  # e.g. an ONNX Runtime without opset 24

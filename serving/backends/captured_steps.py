@@ -48,16 +48,20 @@ def captures_cuda_graphs(session: ort.InferenceSession) -> bool:
 
 @dataclass
 class _Shape:
-    """One step shape's binding: its inputs and logits, and the graph id it runs as."""
+    """One step shape's binding: its inputs and outputs, and the graph id it runs as."""
 
     io: ort.IOBinding
-    packed: ort.OrtValue  # the inputs, one row of ``STEP_INPUTS`` each: (3, batch) int64
+    packed: ort.OrtValue  # the inputs, one row of the step's inputs each: (inputs, batch) int64
     staging: np.ndarray  # the host side of ``packed`` (page-locked where ``CudaHost`` can)
-    logits: ort.OrtValue
-    host_logits: np.ndarray | None  # the CPU logits' memory (read without a copy)
+    outputs: list[ort.OrtValue]  # the first is the logits of a plain step
+    host_outputs: list[np.ndarray] | None  # the CPU outputs' memory (read without a copy)
     run_options: ort.RunOptions
     graph_id: int
-    pinned: np.ndarray | None = None  # page-locked host copy of device logits (``CudaHost``)
+    pinned: list[np.ndarray] | None = None  # page-locked host copies of device outputs
+
+    @property
+    def logits(self) -> ort.OrtValue:
+        return self.outputs[0]
 
 
 class CapturedSteps:
@@ -71,6 +75,10 @@ class CapturedSteps:
             (batch buckets x cache widths can make hundreds of shapes on a large model).
         host: the CUDA runtime's page-locked host buffers, which device logits are copied into
             (None: copied into a new pageable array every step).
+        inputs: the step's int64 inputs, name -> rank ((batch, 1) or (batch,)), bound as the
+            rows of one tensor (default ``STEP_INPUTS``).
+        outputs: the step's outputs, name -> (shape per row, dtype) (default the logits,
+            ((1, vocab_size), float32)).
     """
 
     def __init__(
@@ -80,8 +88,12 @@ class CapturedSteps:
         vocab_size: int,
         max_graphs: int = MAX_GRAPHS,
         host: CudaHost | None = None,
+        inputs: Mapping[str, int] | None = None,
+        outputs: Mapping[str, tuple[tuple[int, ...], type]] | None = None,
     ):
         self.session = session
+        self.inputs = dict(STEP_INPUTS if inputs is None else inputs)
+        self.outputs = dict({LOGITS: ((1, vocab_size), np.float32)} if outputs is None else outputs)
         self.host = host
         self.kind, self.index = device
         self.vocab_size = vocab_size
@@ -117,7 +129,7 @@ class CapturedSteps:
         """``run``, leaving the logits where the step wrote them: returns their tensor (on the
         device, finished), which ``last_logits`` copies to the host if asked to."""
         shape = self._step(key, batch, bind_caches, feeds)
-        if shape.host_logits is None:
+        if shape.host_outputs is None:
             shape.io.synchronize_outputs()  # what reads them next may run on another stream
         return shape.logits
 
@@ -133,7 +145,7 @@ class CapturedSteps:
             graph_id = next(_GRAPH_IDS) if len(self._shapes) < self.max_graphs else NO_GRAPH
             shape = self._shapes[key] = self._bind(batch, bind_caches, graph_id)
         staging = shape.staging
-        for row, name in enumerate(STEP_INPUTS):
+        for row, name in enumerate(self.inputs):
             staging[row] = feeds[name].reshape(-1)
         shape.packed.update_inplace(staging)
         try:
@@ -147,16 +159,21 @@ class CapturedSteps:
         return shape
 
     def last_logits(self) -> np.ndarray:
-        """The latest step's logits (batch, 1, vocab) on the host."""
+        """The latest step's logits (batch, 1, vocab) on the host (its first output)."""
+        return self.last_outputs(1)[0]
+
+    def last_outputs(self, count: int | None = None) -> list[np.ndarray]:
+        """The latest step's outputs (the first ``count``; None: all) on the host."""
         shape = self._last
         assert shape is not None, "no step has run"
-        if shape.host_logits is not None:
-            return shape.host_logits
+        if shape.host_outputs is not None:
+            return shape.host_outputs[:count]
         if shape.pinned is not None and self.host is not None:
             shape.io.synchronize_outputs()  # the copy runs on another stream than ORT's
-            self.host.copy_to_host(shape.pinned, shape.logits.data_ptr())
-            return shape.pinned
-        return shape.logits.numpy()
+            for pinned, value in zip(shape.pinned[:count], shape.outputs, strict=False):
+                self.host.copy_to_host(pinned, value.data_ptr())
+            return shape.pinned[:count]
+        return [value.numpy() for value in shape.outputs[:count]]
 
     def _without_graphs(self, key: tuple[int, ...], shape: _Shape, err: Exception) -> None:
         """A graph that cannot be captured or replayed: its shape, and every shape not bound yet,
@@ -180,26 +197,32 @@ class CapturedSteps:
     ) -> _Shape:
         io = self.session.io_binding()
         bind_caches(io)
-        staging = pinned_empty((len(STEP_INPUTS), batch), self.host, np.int64)
+        staging = pinned_empty((len(self.inputs), batch), self.host, np.int64)
         packed = ort.OrtValue.ortvalue_from_shape_and_type(
             list(staging.shape), np.int64, self.kind, self.index
         )
         row_bytes = batch * staging.itemsize
-        for row, (name, rank) in enumerate(STEP_INPUTS.items()):
+        for row, (name, rank) in enumerate(self.inputs.items()):
             pointer = packed.data_ptr() + row * row_bytes
             io.bind_input(name, self.kind, self.index, np.int64, [batch, 1][:rank], pointer)
-        host = None
-        if self.kind == "cpu":
-            host = np.zeros((batch, 1, self.vocab_size), dtype=np.float32)
-            logits = ort.OrtValue.ortvalue_from_numpy(host)
-        else:
-            logits = ort.OrtValue.ortvalue_from_shape_and_type(
-                [batch, 1, self.vocab_size], np.float32, self.kind, self.index
-            )
-        io.bind_ortvalue_output(LOGITS, logits)
+        hosts: list[np.ndarray] = []
+        values: list[ort.OrtValue] = []
+        pinned: list[np.ndarray] | None = None
+        for name, (per_row, dtype) in self.outputs.items():
+            dims = (batch, *per_row)
+            if self.kind == "cpu":
+                hosts.append(np.zeros(dims, dtype=dtype))
+                values.append(ort.OrtValue.ortvalue_from_numpy(hosts[-1]))
+            else:
+                values.append(
+                    ort.OrtValue.ortvalue_from_shape_and_type(
+                        list(dims), dtype, self.kind, self.index
+                    )
+                )
+                if self.host is not None:
+                    pinned = [*(pinned or []), pinned_empty(dims, self.host, dtype)]
+            io.bind_ortvalue_output(name, values[-1])
         run_options = ort.RunOptions()
         run_options.add_run_config_entry(GRAPH_ID, str(graph_id))
-        pinned = None
-        if self.kind != "cpu" and self.host is not None:
-            pinned = pinned_empty((batch, 1, self.vocab_size), self.host)
-        return _Shape(io, packed, staging, logits, host, run_options, graph_id, pinned)
+        host = hosts if self.kind == "cpu" else None
+        return _Shape(io, packed, staging, values, host, run_options, graph_id, pinned)

@@ -10,6 +10,8 @@ preallocated tensors of ``rows x ...``; every call binds the leading rows it nee
 - ``step_greedy``: the same step, then the ``greedy_pick`` graph over its logits where they lie:
   only each row's argmax and its logit come to the host; the logits stay on the device until
   ``last_logits`` asks for them;
+- ``block`` (exports with ``--decode-block K``): K such greedy steps in one run
+  (``serving.backends.decode_block``);
 - ``write_cross``: a joining request's encoder output goes into its rows (``cache_write`` graph);
 - ``copy_rows``: beam search continues a row in another (``cache_copy`` graph);
 - ``resize``: a cache re-laid out at another width when its longest row needs it
@@ -30,6 +32,7 @@ from contract.graphs import (
     CACHE_COPY,
     CACHE_RESIZE,
     CACHE_WRITE,
+    DECODER_BLOCK,
     DECODER_INPLACE,
     GREEDY_EOS,
     GREEDY_IDS,
@@ -53,6 +56,7 @@ from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
 from serving.backends.cache_buffers import NUMPY_TYPES, CacheBuffer, Device, cache_buffers
 from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
+from serving.backends.decode_block import DecodeBlock
 from serving.backends.host_memory import CudaHost, pinned_empty
 from serving.backends.onnxruntime import run_bound
 
@@ -158,6 +162,12 @@ class InPlaceDecoder:
                 host=self.host,
             )
             if fixed_bindings
+            else None
+        )
+        block = sessions.get(DECODER_BLOCK)  # exports with --decode-block
+        self.block = (
+            DecodeBlock(block, spec, self.past, self.cross, device, rows, self.host, fixed_bindings)
+            if block is not None
             else None
         )
 

@@ -18,6 +18,12 @@ tokens, finishing sequences, metrics): that Python then runs while the device co
 of between its steps. Nothing joins while such a step runs (joiners wait for the step after it);
 sequences that leave meanwhile are dropped from its result.
 
+With ``block`` (``batching.decode_block``) and a cache with a decode block graph, the greedy
+steps of a batch in which every sequence decodes greedily and none waits to join run K at a time:
+one run of the device (``InPlaceKVCache.step_block``), then each step's bookkeeping in turn, as
+for a single greedy step. A sequence that ends within a block drops the block's later picks for
+it; tokens stream K at a time.
+
 Each sequence owns its sampler (and random generator), so its output does not depend on which
 other requests share the batch.
 """
@@ -39,6 +45,7 @@ from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
 from serving.engine.decode_cache import DecodeCache
 from serving.engine.gauges import GaugeBoard
+from serving.engine.inplace_cache import InPlaceKVCache
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
     ErrorEvent,
@@ -82,6 +89,7 @@ class InFlightEngine:
         instance: int = 0,
         gauge_board: GaugeBoard | None = None,
         overlap: bool = False,
+        block: bool = False,
     ) -> None:
         """Create a stopped engine; ``start()`` it.
 
@@ -100,6 +108,8 @@ class InFlightEngine:
                 model of one instance.
             overlap: start a greedy step's successor before its bookkeeping (module docstring;
                 the in-place cache only).
+            block: run greedy steps K at a time where the cache has a decode block graph
+                (``InPlaceKVCache.step_block``; module docstring).
         """
         self.name = name
         self.runner = runner
@@ -146,6 +156,13 @@ class InFlightEngine:
         self._ahead: StepAhead | None = None  # the step started during the last bookkeeping
         self._executor: ThreadPoolExecutor | None = None  # its thread, made on first use
         self.steps_ahead = 0  # steps started before the last one's bookkeeping (tests read it)
+        # the cache whose decode block runs greedy steps K at a time (None: one step per run)
+        self._block = (
+            cache if block and isinstance(cache, InPlaceKVCache) and cache.block_steps else None
+        )
+        self._single_next = False  # the last block stopped at an undecided pick: one step next
+        self.blocks = 0  # decode blocks run (tests and benchmarks read it)
+        self.blocks_cut = 0  # blocks stopped at an undecided pick (tests read it)
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -393,6 +410,14 @@ class InFlightEngine:
         positions = state.generated[layout.slots]  # a beam's rows share their sequence's count
         done = positions if layout.single else state.generated[layout.first]
         input_ids = state.next_id[layout.slots]
+        if (
+            self._block is not None
+            and layout.single
+            and layout.greedy
+            and self._block_due(layout, done)
+        ):
+            self._step_block(layout, input_ids, done, started)
+            return
         if self._ahead is not None or (
             len(rows) >= GREEDY_PASS_ROWS and layout.single and layout.greedy
         ):
@@ -466,6 +491,65 @@ class InFlightEngine:
             self._book_greedy(layout, chosen, done, stops, ending, now)
         finally:  # from now on a sequence that leaves is dropped from its result
             self._ahead = ahead
+
+    def _block_due(self, layout: StepLayout, done: np.ndarray) -> bool:
+        """The next greedy steps run as a block: nothing waits to join, every row has room for
+        the block, one row at least has more than one token to go (and the last block did not
+        stop at an undecided pick)."""
+        if self._single_next:
+            self._single_next = False
+            return False
+        assert self._block is not None
+        return (
+            self._ahead is None
+            and not len(self.queue)
+            and self._block.block_fits(done)
+            and bool((layout.limit - done > 1).any())
+        )
+
+    def _step_block(
+        self, layout: StepLayout, input_ids: np.ndarray, done: np.ndarray, started: float
+    ) -> None:
+        """The cache's block of greedy steps in one run, then each step's bookkeeping in turn
+        as ``_step_greedy`` books one: sequences that end at a step leave before the next step
+        is booked, their later picks dropped. At a step where a row's pick is undecided (a NaN:
+        its sampler must see the logits) every row stops, and that step runs again alone."""
+        cache = self._block
+        assert cache is not None
+        state, eos_id = self._state, self.spec.eos_id
+        eos_after = np.maximum(layout.min_new - done, 0)
+        tokens, best = cache.step_block(layout.rows, input_ids, done, eos_after)
+        now = self.clock()
+        self.blocks += 1
+        per_step = (now - started) / cache.block_steps
+        going = np.arange(len(done))  # the running sequences' rows of the block's outputs
+        for column in range(cache.block_steps):
+            layout = self._layout.current()
+            done = state.generated[layout.slots]
+            chosen = greedy_decide(
+                tokens[going, column],
+                best[going, column],
+                done,
+                layout.min_new,
+                eos_id,
+                self._suppress,
+                layout.forced_eos_at,
+            )
+            if (chosen < 0).any():
+                self._single_next = True
+                self.blocks_cut += 1
+                return
+            self.steps += 1
+            self._observe("compute_time", per_step, stage="decoder_step")
+            self._observe("batch_size", len(going), stage="decoder_step")
+            generated = done + 1
+            state.generated[layout.slots] = generated
+            stops = chosen == eos_id
+            ending = stops | (generated >= layout.limit)
+            self._book_greedy(layout, chosen, done, stops, ending, now)
+            going = going[~ending]
+            if not len(going):
+                return
 
     def _book_greedy(
         self,

@@ -189,6 +189,44 @@ class InPlaceKVCache:
 
         return result
 
+    @property
+    def block_steps(self) -> int:
+        """Greedy steps one ``step_block`` runs (0: the decoder has no block graph)."""
+        block = self.decoder.block
+        return 0 if block is None else block.steps
+
+    def block_fits(self, positions: np.ndarray) -> bool:
+        """Rows at ``positions`` have room for a block's positions in the cache."""
+        return int(positions.max(initial=0)) + self.block_steps <= self.decoder.capacity
+
+    def step_block(
+        self,
+        rows: np.ndarray,
+        input_ids: np.ndarray,
+        positions: np.ndarray,
+        eos_after: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``block_steps`` greedy steps of ``rows`` in one run (``DecodeBlock``): each row's
+        picks and their logits, (rows, steps) each; a row may choose EOS from its step
+        ``eos_after`` on. Its keys and values are cached for every step: a row that ends
+        earlier leaves them behind its length, where the steps after overwrite them."""
+        block = self.decoder.block
+        if block is None:
+            raise RuntimeError("this decoder has no decode block graph (export --decode-block)")
+        if self.busy:
+            raise RuntimeError("a decoder step is still running on this cache")
+        if not self.block_fits(positions):
+            raise ValueError(f"a block from position {positions.max()} runs past the cache")
+        self._fit("past", int(positions.max(initial=0)) + block.steps, grow_only=True)
+        ids, lengths, cross = self._step_inputs(rows, input_ids, positions)
+        after = eos_after
+        if len(ids) != len(rows) or not self._leading(rows):
+            after = np.zeros(len(ids), dtype=np.int64)
+            after[rows] = eos_after
+        tokens, best = block.run(ids, lengths, cross, after)
+        self.lengths[rows] = positions + block.steps
+        return self._of_rows(tokens, rows), self._of_rows(best, rows)
+
     def _step_inputs(
         self, rows: np.ndarray, input_ids: np.ndarray, positions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -132,7 +132,20 @@ def local_engine(
         instance=instance,
         gauge_board=gauge_board,
         overlap=overlap and cache is not None,
+        block=config.batching.decode_block and _has_block(cache, config.name),
     )
+
+
+def _has_block(cache: InPlaceKVCache | None, name: str) -> bool:
+    """Whether ``cache`` runs decode blocks (``batching.decode_block``); warns where not."""
+    if cache is not None and cache.block_steps:
+        return True
+    log.warning(
+        "%s: batching.decode_block needs the in-place KV cache and a decoder_block graph "
+        "(attnserve export --decode-block K); decoding one step per run",
+        name,
+    )
+    return False
 
 
 def local_engines(

@@ -42,27 +42,31 @@ def picking(
     fixed: bool = False,
     device_greedy: bool | None = True,
     providers: tuple[str, ...] = ("CPUExecutionProvider",),
+    rows: int = ROWS,
 ):
     """The translator's runner and an in-place cache that picks greedy tokens with the graph
-    (``fixed``: at fixed addresses and batch buckets, as under CUDA graphs)."""
+    (``fixed``: at fixed addresses and batch buckets, as under CUDA graphs), with the entry's
+    decode block graph where it has one."""
     config = read_model_config(entry)
     files = {**graph_files("seq2seq"), **INPLACE_GRAPH_FILES, **OPTIONAL_INPLACE_GRAPH_FILES}
+    version = resolve_version(entry)
+    files = {graph: file for graph, file in files.items() if (version / file).is_file()}
     options = dataclasses.replace(
         config.onnxruntime, execution_providers=providers, cuda_graph=fixed
     )
-    backend = OnnxRuntimeBackend(resolve_version(entry), files, options)
+    backend = OnnxRuntimeBackend(version, files, options)
     sessions = {graph: backend.session(graph) for graph in files if graph in backend.graphs()}
     decoder = InPlaceDecoder(
         sessions,
         config.decoder,
-        ROWS,
+        rows,
         20,
         config.limits.max_source_length,
         fixed_bindings=fixed,
         device_greedy=device_greedy,
     )
     cache = InPlaceKVCache(
-        decoder, config.decoder.pad_id, power_of_two_buckets(ROWS) if fixed else ()
+        decoder, config.decoder.pad_id, power_of_two_buckets(rows) if fixed else ()
     )
     cache.pick_min_logits = 0  # every greedy step picks with the graph
     return config, Seq2SeqRunner(backend, config.decoder), cache

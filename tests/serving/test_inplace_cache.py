@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -92,12 +93,21 @@ def translator_jobs() -> list[tuple[np.ndarray, DecodingOptions]]:
 
 
 def decode_all(
-    config, runner, cache, requests: list[GenerationRequest], together: int = 1
+    config,
+    runner,
+    cache,
+    requests: list[GenerationRequest],
+    together: int = 1,
+    engines: list[InFlightEngine] | None = None,
+    **options: Any,
 ) -> list[FinishEvent]:
     """Every request through a fresh engine, joining at staggered times (``together`` at a
-    time: 2 ms apart, each request decodes before the next joins on a fast CPU)."""
+    time: 2 ms apart, each request decodes before the next joins on a fast CPU); ``options``
+    go to the engine, which is appended to ``engines``."""
     batching = dataclasses.replace(config.batching, max_active_sequences=8)
-    engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache)
+    engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache, **options)
+    if engines is not None:
+        engines.append(engine)
 
     async def one(request: GenerationRequest, delay: float) -> FinishEvent:
         await asyncio.sleep(delay)
