@@ -82,6 +82,7 @@ def instant_engine(
     join_interval_steps: int = 1,
     max_new_tokens: int = NEW_TOKENS,
     overlap: bool = False,
+    block: int = 0,
 ) -> tuple[Any, _Timed]:
     """The translator's engine with ``rows`` cache rows, its decoder step answering at once with
     logits in which EOS never wins; and its timed encoder (with ``instant_encoder``, the real
@@ -92,7 +93,8 @@ def instant_engine(
     seconds in which the engine thread does not hold the GIL (a GPU step's wait), and the cache's
     re-layouts only change its widths (on a device they are device work, and nothing reads this
     cache). With ``overlap``, ``batching.overlap_steps``: greedy steps start before the last
-    one's bookkeeping."""
+    one's bookkeeping. With ``block``, ``batching.decode_block`` with an emulated block graph of
+    that many steps (one device wait per step, back to back, its picks the steps' picks)."""
     from contract.repository import resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend
@@ -123,9 +125,28 @@ def instant_engine(
         decoder.resize = device.resize_of(decoder)
     decoder.last_logits = lambda: logits[:, 0]
     decoder.greedy = True  # as on a GPU: large greedy steps take the pick's ids, not the logits
+    if block:
+        decoder.block = _Block(block, tokens, best, device)
+        engine._block = engine.cache  # the entry has no block graph: the emulated one runs
     encode = _Timed(_repeated(engine.runner.encode) if instant_encoder else engine.runner.encode)
     engine.runner.encode = encode
     return engine, encode
+
+
+class _Block:
+    """An emulated ``DecodeBlock``: one wait of ``steps`` device steps (one run), the single
+    step's picks for each."""
+
+    def __init__(
+        self, steps: int, tokens: np.ndarray, best: np.ndarray, device: _Device | None
+    ) -> None:
+        self.steps, self.device = steps, device
+        self.tokens, self.best = np.repeat(tokens, steps, axis=1), np.repeat(best, steps, axis=1)
+
+    def run(self, input_ids: np.ndarray, *_: Any) -> tuple[np.ndarray, np.ndarray]:
+        if self.device is not None:
+            self.device.wait(self.steps)
+        return self.tokens[: len(input_ids)], self.best[: len(input_ids)]
 
 
 class _Device:
@@ -137,14 +158,15 @@ class _Device:
         self.idle = 0.0  # seconds between one step's end and the next one's start, summed
         self._ended: float | None = None
 
-    def wait(self) -> None:
+    def wait(self, steps: int = 1) -> None:
+        """``steps`` steps in one wait (a decode block: one run of the device)."""
         started = time.perf_counter()
         if self._ended is not None:
             self.idle += started - self._ended
-        time.sleep(self.step_s)
+        time.sleep(self.step_s * steps)
         self._ended = time.perf_counter()
         self.seconds += self._ended - started
-        self.steps += 1
+        self.steps += steps
 
     def totals(self) -> tuple[float, int, float]:
         """Seconds in steps, steps, seconds between steps (for deltas over a point)."""
@@ -175,6 +197,14 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
         "--overlap",
         action="store_true",
         help="batching.overlap_steps: each greedy step starts before the last one's bookkeeping",
+    )
+    parser.add_argument(
+        "--decode-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="batching.decode_block with an emulated block graph of K steps (default 0: one "
+        "step per run)",
     )
 
 
@@ -300,13 +330,16 @@ def measure(
     instant_encoder: bool = False,
     device_step_ms: float | None = None,
     overlap: bool = False,
+    block: int = 0,
 ) -> list[dict]:
     """One engine with rows for the most streams; each stream count driven in turn. The garbage
     collector is set as a serving process sets it (``serving.gc_policy``)."""
     from serving.gc_policy import settle
 
     device = device_of(device_step_ms)
-    engine, encode = instant_engine(entry, max(streams), instant_encoder, device, overlap=overlap)
+    engine, encode = instant_engine(
+        entry, max(streams), instant_encoder, device, overlap=overlap, block=block
+    )
     settle(gc_freeze, gc_gen0_threshold)
     engine.start()
     try:
@@ -371,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         args.instant_encoder,
         args.device_step_ms,
         args.overlap,
+        args.decode_block,
     )
     write_probe(
         "engine-loop",
@@ -384,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         instant_encoder=args.instant_encoder,
         device_step_ms=args.device_step_ms,
         overlap=args.overlap,
+        decode_block=args.decode_block,
     )
     return 0
 

@@ -123,10 +123,11 @@ async def _point(
     ]
     await asyncio.sleep(start_at - time.time())
     cpu, steps, ahead = time.process_time(), engine.steps, engine.steps_ahead
+    blocks = engine.blocks
     before = device.totals() if device else (0.0, 0, 0.0)
     await asyncio.sleep(end_at - time.time())
     cpu, steps = time.process_time() - cpu, engine.steps - steps
-    ahead = engine.steps_ahead - ahead
+    ahead, blocks = engine.steps_ahead - ahead, engine.blocks - blocks
     outputs = [await client.communicate() for client in clients]
     if any(client.returncode for client in clients):
         raise RuntimeError("a client process failed")
@@ -143,6 +144,8 @@ async def _point(
         "rows_per_step": round(tokens / steps, 2) if steps else 0.0,
         # with --overlap: the steps started before their predecessor's bookkeeping
         "steps_ahead_share": round(ahead / steps, 3) if steps else 0.0,
+        # with --decode-block: decode blocks run (steps per block: steps / blocks)
+        "blocks": blocks,
         "engine_process_cpu_share": round(cpu / duration, 3),
         "engine_process_us_per_token": round(cpu / tokens * 1e6, 2) if tokens else None,
         # the client processes' CPU (a frontend's engine-side work per token, without gRPC)
@@ -163,6 +166,7 @@ def measure(
     join_interval_steps: int = 1,
     spread: bool = False,
     overlap: bool = False,
+    block: int = 0,
 ) -> list[dict[str, Any]]:
     """One engine with rows for the most streams behind one engine server; each stream count
     driven in turn by ``frontends`` client processes. The collector is set as in the server."""
@@ -182,6 +186,7 @@ def measure(
         join_interval_steps=join_interval_steps,
         max_new_tokens=limit,
         overlap=overlap,
+        block=block,
     )
     config = engine_config(entry, max(streams), join_interval_steps, limit, overlap)
     model = ServedGenerator(config, resolve_version(entry), None, engine=engine)
@@ -250,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         args.join_interval_steps,
         args.spread,
         args.overlap,
+        args.decode_block,
     )
     write_probe(
         "engine-server-loop",
@@ -263,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         join_interval_steps=args.join_interval_steps,
         spread=args.spread,
         overlap=args.overlap,
+        decode_block=args.decode_block,
     )
     return 0
 

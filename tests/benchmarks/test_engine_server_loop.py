@@ -34,3 +34,22 @@ def test_client_processes_decode_every_stream_through_the_engine_socket(
         < 0.05 * (point["engine_process_us_per_token"])
     )
     assert point["client_us_per_token"] > 0
+
+
+def test_with_decode_blocks_the_streams_decode_in_blocks(
+    tiny_repository: Path, tmp_path: Path
+) -> None:
+    """``--decode-block 4`` with an emulated device: the engine runs its emulated block graph
+    (one device wait of four steps), most steps in blocks, and the device's figures count four
+    steps per block."""
+    args = ["--tiny", "--streams", "4", "--frontends", "1", "--decode-block", "4"]
+    args += ["--device-step-ms", "0.5", "--repository", str(tiny_repository)]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("engine-server-loop-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert result["decode_block"] == 4
+    (point,) = result["points"]
+    steps = round(point["steps_per_s"] * point["seconds"])
+    assert point["blocks"] > 0 and 4 * point["blocks"] <= steps + 4
+    assert 4 * point["blocks"] > steps / 2  # joins aside, the steps run in blocks
+    assert point["device_step_ms"] == 0.5 and point["device_wait_ms"] >= 0.5
