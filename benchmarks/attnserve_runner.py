@@ -24,13 +24,20 @@ from benchmarks.peers import Runner, Unavailable
 
 
 def fixed_greedy(
-    cache: Any, encoded: Any, spec: Any, new_tokens: int, suppress: Sequence[int]
+    cache: Any,
+    encoded: Any,
+    spec: Any,
+    new_tokens: int,
+    suppress: Sequence[int],
+    block: bool = False,
 ) -> np.ndarray:
     """Greedy decoding of exactly ``new_tokens`` tokens per row, ``suppress`` ids never chosen.
 
     The benchmark counterpart of ``serving.engine.greedy.greedy`` (which stops rows at EOS): the
     same KV-cache steps (``DecodeCache.step_greedy``: the argmax chosen on the device where the
-    graph can), every row decoding to the fixed length.
+    graph can), every row decoding to the fixed length. With ``block``, the cache's decode block
+    runs its K steps at a time where K tokens remain (``InPlaceKVCache.step_block``, as the
+    engine does with ``batching.decode_block``), single steps the rest.
 
     Returns:
         (batch, new_tokens) int64 token ids.
@@ -41,9 +48,20 @@ def fixed_greedy(
     out = np.empty((batch, new_tokens), dtype=np.int64)
     no_eos = np.full(batch, spec.eos_id in suppress)  # EOS masked where it is chosen
     banned = np.asarray([i for i in suppress if i != spec.eos_id], dtype=np.int64)
+    steps = cache.block_steps if block else 0
+    eos_after = np.where(no_eos, new_tokens, 0)  # a block's EOS ban: all along, or never
+    step = 0
     try:
-        for step in range(new_tokens):
+        while step < new_tokens:
             positions = np.full(batch, step, dtype=np.int64)
+            if steps and step + steps <= new_tokens and cache.block_fits(positions):
+                ids, best = cache.step_block(rows, tokens, positions, eos_after)
+                if np.isin(ids, banned).any() or np.isnan(best).any():
+                    raise RuntimeError("a decode block picked a suppressed id or held a NaN")
+                out[:, step : step + steps] = ids
+                tokens = ids[:, -1].copy()
+                step += steps
+                continue
             greedy = cache.step_greedy(rows, tokens, positions, no_eos)
             tokens = greedy.tokens.astype(np.int64)  # a copy: the step's buffer is reused
             again = np.isin(tokens, banned) | np.isnan(greedy.best)
@@ -53,6 +71,7 @@ def fixed_greedy(
                 last[:, spec.eos_id] = np.where(no_eos[again], -np.inf, last[:, spec.eos_id])
                 tokens[again] = last.argmax(-1)
             out[:, step] = tokens
+            step += 1
     finally:
         cache.release(rows)
     return out
@@ -65,6 +84,11 @@ def execution_providers(device: str) -> tuple[str, ...]:
 
 KV8_SUFFIX = "-kv8"  # names of the int8-KV-cache entry and engines
 CUDA_GRAPH_SUFFIX = "-cudagraph"  # engines whose decode steps replay CUDA graphs
+
+
+def block_suffix(decode_block: int) -> str:
+    """The engine name's mark of decode blocks of ``decode_block`` steps (none for 0)."""
+    return f"-block{decode_block}" if decode_block else ""
 
 
 def attention_suffix(precision: str, decode_attention: str | None) -> str:
@@ -93,11 +117,13 @@ class AttnServeRunner(Runner):
         kv8: bool = False,
         cuda_graph: bool = False,
         decode_attention: str | None = None,
+        decode_block: int = 0,
     ) -> None:
         """With ``instances`` > 1: that many engines of ``threads // instances`` threads, each
         decoding its share of the batch at the same time (the server's ``batching.instances``:
         its requests spread over the instances). ``cuda_graph``: decode steps replayed as CUDA
-        graphs (``onnxruntime.cuda_graph``; on CUDA only)."""
+        graphs (``onnxruntime.cuda_graph``; on CUDA only). ``decode_block``: greedy steps that
+        many at a time through the entry's decode block graph (``batching.decode_block``)."""
         import onnxruntime
 
         from contract.model_config import GeneratorConfig
@@ -114,6 +140,7 @@ class AttnServeRunner(Runner):
             + attention_suffix(precision, decode_attention)
             + ("-growing" if growing else "")
             + CUDA_GRAPH_SUFFIX * cuda_graph
+            + block_suffix(decode_block)
             + split,
             family="attnserve",
             precision=precision,
@@ -126,6 +153,7 @@ class AttnServeRunner(Runner):
             )
             + (", growing cache" if growing else "")
             + (", CUDA graphs" if cuda_graph else "")
+            + (f", blocks of {decode_block} steps" if decode_block else "")
             + (f", {instances} instances x {per_instance} thread" if instances > 1 else ""),
             config={
                 "onnxruntime": onnxruntime.__version__,
@@ -137,6 +165,7 @@ class AttnServeRunner(Runner):
                 "kv_cache": kv_cache,
                 "cuda_graph": cuda_graph,
                 "decode_attention": entry_decode_attention(entry),
+                "decode_block": decode_block,
             },
         )
         if (
@@ -148,7 +177,15 @@ class AttnServeRunner(Runner):
             raise Unavailable("CUDA graphs need --device cuda")
         assert isinstance(config, GeneratorConfig)
         self.instances = _decoding(
-            entry, config, per_instance, providers, kv_cache, max_batch, instances, cuda_graph
+            entry,
+            config,
+            per_instance,
+            providers,
+            kv_cache,
+            max_batch,
+            instances,
+            cuda_graph,
+            decode_block > 0,
         )
         backends = {id(runner.backend) for runner, _ in self.instances}
         self.config["shared_sessions"] = len(backends) < len(self.instances)
@@ -156,6 +193,9 @@ class AttnServeRunner(Runner):
         self.config["kv_cache"] = "inplace" if "InPlace" in type(self.cache).__name__ else "growing"
         if self.config["kv_cache"] != kv_cache:
             raise Unavailable(f"{entry} cannot decode with the {kv_cache} KV cache here")
+        if decode_block and getattr(self.cache, "block_steps", 0) != decode_block:
+            raise Unavailable(f"{entry} has no decode block of {decode_block} steps")
+        self.decode_block = decode_block
         if cuda_graph and getattr(self.cache.decoder, "captured", None) is None:
             raise Unavailable(f"{entry}: the in-place decoder's session captures no CUDA graphs")
         # greedy steps of at least this many logits pick their tokens on the device (None: never)
@@ -178,7 +218,9 @@ class AttnServeRunner(Runner):
 
     def _decode(self, runner: Any, cache: Any, ids: np.ndarray) -> np.ndarray:
         encoded = runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        return fixed_greedy(cache, encoded, self.spec, self.new_tokens, [self.spec.eos_id])
+        return fixed_greedy(
+            cache, encoded, self.spec, self.new_tokens, [self.spec.eos_id], self.decode_block > 0
+        )
 
     def close(self) -> None:
         del self.runner, self.cache, self.instances
@@ -193,6 +235,7 @@ def _decoding(
     max_batch: int,
     instances: int,
     cuda_graph: bool = False,
+    decode_block: bool = False,
 ) -> list[tuple[Any, Any]]:
     """Per engine instance, the entry's runner (encoder) and KV cache as the server builds them
     (``make_backends``: one-thread instances share their sessions), tuned for the engine alone on
@@ -215,7 +258,11 @@ def _decoding(
         cuda_graph=cuda_graph,
     )
     batching = replace(
-        config.batching, max_active_sequences=max_batch, in_flight=True, instances=instances
+        config.batching,
+        max_active_sequences=max_batch,
+        in_flight=True,
+        instances=instances,
+        decode_block=decode_block,
     )
     config = replace(config, onnxruntime=options, batching=batching)
     try:

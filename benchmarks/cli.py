@@ -77,6 +77,13 @@ def _engine_parser(commands: Any) -> None:
         "precision's own, and on the CPU also the other one for fp32 and int8)",
     )
     engine.add_argument(
+        "--decode-block",
+        type=int,
+        metavar="K",
+        help="also run the in-place runners in decode blocks of K greedy steps "
+        "(batching.decode_block; the entries get a decoder_block graph of K steps)",
+    )
+    engine.add_argument(
         "--fast-int8",
         action="store_true",
         default=None,
@@ -242,6 +249,7 @@ def run_engine(args: argparse.Namespace) -> int:
         engines="engines",
         precisions="precisions",
         decode_attentions="decode_attentions",
+        decode_block="decode_block",
         threads="threads",
         device="device",
         fast_int8="fast_int8",

@@ -28,6 +28,9 @@ class EngineSettings:
     # the in-place decoder's attentions per precision (``contract.graphs.DECODE_ATTENTIONS``);
     # None: the precision's default, and on the CPU also the other one for fp32 and int8
     decode_attentions: tuple[str, ...] | None = None
+    # greedy steps per decode block (batching.decode_block): the in-place runners again in blocks
+    # of this many steps; 0: not
+    decode_block: int = 0
     pause_s: float = 0.2  # idle time before each timed run (lets spinning thread pools sleep)
     # A timed run during which other processes used more than this share of the machine's CPU
     # is discarded (recorded) and repeated, at most ``noise_retries`` times. None: keep all.
@@ -84,6 +87,8 @@ class EngineSettings:
                     f"--decode-attentions must list {', '.join(DECODE_ATTENTIONS)} (got "
                     f"{list(self.decode_attentions)})"
                 )
+        if self.decode_block and not 2 <= self.decode_block <= 16:
+            raise ValueError(f"--decode-block takes 2-16 steps (or 0), not {self.decode_block}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError("--device must be cpu or cuda")
         if "fp16" in self.precisions and self.device != "cuda":

@@ -83,22 +83,24 @@ def kernel_summary(events: list[dict[str, Any]], steps: int) -> dict[str, Any]:
 
 
 def profile_point(runner: Any, ids: np.ndarray, new_tokens: int) -> dict[str, Any]:
-    """Wall ms per step (plain run), then one profiled decode's kernel summary."""
+    """Wall ms per step (plain run), then one profiled decode's kernel summary (in the runner's
+    decode blocks where it has them)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.attnserve_runner import fixed_greedy
 
+    block = runner.decode_block > 0
     for _ in range(2):  # the CUDA graphs of this batch's shapes are captured here
         runner.run(ids)
     encoded = runner.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     started = time.perf_counter()
-    fixed_greedy(runner.cache, encoded, runner.spec, new_tokens, [runner.spec.eos_id])
+    fixed_greedy(runner.cache, encoded, runner.spec, new_tokens, [runner.spec.eos_id], block)
     wall = time.perf_counter() - started
     encoded = runner.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fixed_greedy(runner.cache, encoded, runner.spec, new_tokens, [runner.spec.eos_id])
+        fixed_greedy(runner.cache, encoded, runner.spec, new_tokens, [runner.spec.eos_id], block)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as scratch:
         trace = Path(scratch) / "trace.json"
@@ -111,13 +113,17 @@ def profile_point(runner: Any, ids: np.ndarray, new_tokens: int) -> dict[str, An
 
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     from benchmarks.attnserve_runner import AttnServeRunner, export_attnserve
+    from benchmarks.block_entry import with_decode_block
     from benchmarks.marian import BASE, build_marian, default_cache, source_ids
 
     cache = args.cache or default_cache()
     marian = build_marian(cache, BASE)
     points = []
-    for precision, attention in itertools.product(args.precisions, args.decode_attentions):
+    combinations = itertools.product(args.precisions, args.decode_attentions, args.decode_blocks)
+    for precision, attention, steps in combinations:
         entry = export_attnserve(marian, cache, BASE, precision, False, decode_attention=attention)
+        if steps:
+            with_decode_block(entry, steps)
         for batch in args.batches:
             runner = AttnServeRunner(
                 entry,
@@ -128,9 +134,11 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 max_batch=batch,
                 cuda_graph=not args.no_cuda_graphs,
                 decode_attention=attention,
+                decode_block=steps,
             )
             ids = source_ids(np.random.default_rng(0), batch, 32, BASE)
             point = {"precision": precision, "decode_attention": attention, "batch": batch}
+            point["decode_block"] = steps
             point |= profile_point(runner, ids, args.new_tokens)
             print(json.dumps(point), file=sys.stderr, flush=True)  # progress
             points.append(point)
@@ -150,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=DECODE_ATTENTIONS,
         default=["fused"],
         help="the in-place decoder's attention: the fused op (the GPU default) and/or MatMuls",
+    )
+    parser.add_argument(
+        "--decode-blocks",
+        nargs="+",
+        type=int,
+        default=[0],
+        help="greedy steps per decode block (batching.decode_block): 0 single steps, K >= 2 "
+        "blocks of K (e.g. 0 4)",
     )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--no-cuda-graphs", action="store_true")

@@ -22,8 +22,10 @@ from benchmarks.attnserve_runner import (
     KV8_SUFFIX,
     AttnServeRunner,
     attention_suffix,
+    block_suffix,
     export_attnserve,
 )
+from benchmarks.block_entry import with_decode_block
 from benchmarks.engine_settings import EngineSettings
 from benchmarks.machine import cpu_model_and_flags
 from benchmarks.output import log
@@ -130,6 +132,23 @@ def attnserve_specs(settings: EngineSettings, marian_dir: Path, cache: Path) -> 
             if kv_cache == "inplace" and kv_dtype == "float" and settings.device == "cuda":
                 graphs = {**kwargs, "cuda_graph": True}
                 specs.append(RunnerSpec(name + CUDA_GRAPH_SUFFIX, "attnserve", graphs))
+            if settings.decode_block and kv_cache == "inplace" and kv_dtype == "float":
+                specs += block_specs(name, kwargs, settings)
+    return specs
+
+
+def block_specs(name: str, kwargs: dict[str, Any], settings: EngineSettings) -> list[RunnerSpec]:
+    """The in-place runner ``name`` decoding in blocks of ``--decode-block`` steps (the entry
+    given the block graph once), with CUDA graphs too on CUDA."""
+    steps = settings.decode_block
+    with_decode_block(kwargs["entry"], steps)
+    block = {**kwargs, "decode_block": steps}
+    specs = [RunnerSpec(name + block_suffix(steps), "attnserve", block)]
+    if settings.device == "cuda":
+        graphs = {**block, "cuda_graph": True}
+        specs.append(
+            RunnerSpec(name + CUDA_GRAPH_SUFFIX + block_suffix(steps), "attnserve", graphs)
+        )
     return specs
 
 

@@ -34,8 +34,15 @@ from typing import Any
 # The batching configuration under more frontend processes, measured where the machine has
 # two CPUs per frontend (the load generator and the engine need cores too): the frontend count
 # that serves best on a large host (issue: frontend_workers "what measures best").
-# eight_frontends_overlap: eight_frontends' with the translator's batching.overlap_steps on
-WIDE_FRONTENDS = {"four_frontends": 4, "eight_frontends": 8, "eight_frontends_overlap": 8}
+# eight_frontends_overlap: eight_frontends' with the translator's batching.overlap_steps on;
+# eight_frontends_block: with its batching.decode_block on (blocks of BLOCK_STEPS steps)
+WIDE_FRONTENDS = {
+    "four_frontends": 4,
+    "eight_frontends": 8,
+    "eight_frontends_overlap": 8,
+    "eight_frontends_block": 8,
+}
+BLOCK_STEPS = 4  # the decode block the block setups' translator entry is given
 # CUDA only (refused on the CPU; among the defaults on CUDA): the batching configuration with the
 # translator's decode steps replayed as CUDA graphs (the default since 2026-11-26; explicit here,
 # whatever an entry's config.yaml says) and without them, and the ViT with cuDNN's heuristic
@@ -50,6 +57,7 @@ SETUPS = (
     "instances",
     "spinning",
     "stream_interval",
+    "decode_block",  # batching's translator decoding greedy steps in blocks of BLOCK_STEPS
     *WIDE_FRONTENDS,
     *CUDA_SETUPS,
 )

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.attnserve_runner import execution_providers, is_current_export
+from benchmarks.block_entry import with_decode_block
 from benchmarks.output import log
 from benchmarks.serve_settings import (
+    BLOCK_STEPS,
     FRONTEND_WORKERS,
     GPU_VIT_CLIENTS,
     INSTANCES,
@@ -51,6 +53,10 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
     # eight_frontends' translator, each greedy step started before the last one's bookkeeping
     "eight_frontends_overlap": {"translator": {"overlap_steps": True}},
+    # batching's / eight_frontends' translator decoding greedy steps in blocks (its entry given a
+    # decoder_block graph of BLOCK_STEPS steps)
+    "decode_block": {"translator": {"decode_block": True}},
+    "eight_frontends_block": {"translator": {"decode_block": True}},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
     # with cuDNN's heuristic convolution search; and the ViT's batches as they come (on CUDA
     # batching.batch_buckets pads them to powers of two by default)
@@ -168,6 +174,8 @@ def _write_entry(
     from contract.repository import read_model_config, version_dirs, write_model_config
 
     config: Any = read_model_config(entry)  # a classifier's or a generator's config
+    if edits.get("decode_block"):
+        with_decode_block(entry, BLOCK_STEPS)
     config = replace(config, batching=replace(config.batching, **edits))
     config = with_server_onnxruntime(config, threads, device)
     config = replace(config, onnxruntime=replace(config.onnxruntime, **runtime))

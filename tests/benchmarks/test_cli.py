@@ -89,6 +89,7 @@ def test_gpu_goals_selects_the_goal_loads_and_given_flags_win(
         "four_frontends",
         "eight_frontends",
         "eight_frontends_overlap",
+        "eight_frontends_block",
     )
     assert settings.concurrency == (1, 32, 128, 256) and settings.rate_fractions == ()
     assert settings.triton is False and settings.duration_s == 3.0

@@ -109,7 +109,7 @@ def test_wide_frontend_setups_need_two_cpus_per_frontend() -> None:
     base = ("batching", "two_frontends", "instances", "stream_interval")
     assert gpu_goal_loads(2)["setups"] == gpu_goal_loads(7)["setups"] == base
     assert gpu_goal_loads(8)["setups"] == (*base, "four_frontends")
-    eight = ("eight_frontends", "eight_frontends_overlap")
+    eight = ("eight_frontends", "eight_frontends_overlap", "eight_frontends_block")
     assert gpu_goal_loads(16)["setups"] == (*base, "four_frontends", *eight)
     wide = ("four_frontends", *eight)
     assert machine_setups(SETUPS, 2) == tuple(s for s in SETUPS if s not in (*wide, *CUDA_SETUPS))

@@ -1,0 +1,34 @@
+"""A benchmark entry with a decode block graph of K steps (``export --decode-block K``): written
+next to the entry's in-place decoder once, the manifest saying so, so that every precision and
+attention the engine benchmark exports can also run in blocks without a second export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def with_decode_block(entry: Path, steps: int) -> None:
+    """Give ``entry``'s latest version a ``decoder_block`` of ``steps`` steps (kept when it has
+    one of that size)."""
+    import onnx
+
+    from contract.graphs import DECODER_BLOCK_FILE, DECODER_INPLACE_FILE
+    from contract.repository import read_manifest, resolve_version, write_manifest
+    from export.decoder_block import decoder_block_model
+
+    version = resolve_version(entry)
+    manifest = read_manifest(version)
+    inplace = manifest.get("decoders", {}).get("inplace")
+    if inplace is None:
+        raise ValueError(f"{entry} has no in-place decoder to run in blocks")
+    if (
+        inplace.get("decode_block", {}).get("steps") == steps
+        and (version / DECODER_BLOCK_FILE).is_file()
+    ):
+        return
+    decoder = onnx.load(str(version / DECODER_INPLACE_FILE))
+    onnx.save(decoder_block_model(decoder, steps), str(version / DECODER_BLOCK_FILE))
+    inplace["decode_block"] = {"file": DECODER_BLOCK_FILE, "steps": steps}
+    if DECODER_BLOCK_FILE not in manifest["files"]:
+        manifest["files"].append(DECODER_BLOCK_FILE)
+    write_manifest(version, manifest)
