@@ -62,6 +62,7 @@ class PlanDefaults:
     kv_cache_dtype: KvCacheDtype = "float"  # float | int8 (with precision int8)
     # fused | matmul (the decoder's attention over a float cache; unset: matmul for int8)
     decode_attention: DecodeAttention | None = None
+    decode_block: int = 0  # greedy steps per decode block graph (2-16; 0: none)
     force: bool = False  # overwrite existing versions
     parity_examples: int = 128  # held-out examples checked end to end (>= 100)
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
@@ -81,6 +82,7 @@ class PlanModel:
     precision: Precision | None = None
     kv_cache_dtype: KvCacheDtype | None = None
     decode_attention: DecodeAttention | None = None
+    decode_block: int | None = None
     force: bool | None = None
     parity_examples: int | None = None
     tensorrt: bool | None = None

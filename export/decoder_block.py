@@ -82,10 +82,11 @@ def decoder_block_model(decoder: onnx.ModelProto, steps: int) -> onnx.ModelProto
         for present, past in presents.items():
             rename[present] = block_present_name(past, step)
         rename[LOGITS] = f"{prefix}{LOGITS}"
-        for node in graph.node:
+        for index, node in enumerate(graph.node):
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = f"{prefix}{node.name}"
+            # names are unique in a graph: an unnamed node (a rewrite's) gets its position's
+            copy.name = f"{prefix}{node.name or f'node_{index}'}"
             copy.input[:] = [rename.get(n, f"{prefix}{n}") if n else n for n in node.input]
             outputs = []
             for name in node.output:

@@ -60,7 +60,7 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
         if not getattr(config.batching, "decode_block", False):  # a session with its weights
             inplace.pop(DECODER_BLOCK, None)
         try:
-            return OnnxRuntimeBackend(version_dir, inplace, config.onnxruntime)
+            return _inplace_backend(version_dir, inplace, config)
         except BackendError as err:  # e.g. an ONNX Runtime without opset 24
             log.warning(
                 "%s: cannot load the in-place decoder (%s); serving %s with the growing cache",
@@ -69,6 +69,22 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
                 files.get(DECODER),
             )
     return OnnxRuntimeBackend(version_dir, files, config.onnxruntime)
+
+
+def _inplace_backend(
+    version_dir: Path, graphs: dict[str, str], config: ModelConfig
+) -> OnnxRuntimeBackend:
+    """The in-place graphs' backend; where the decode block will not load, without it (and a
+    warning: the decoder then runs one step per run)."""
+    try:
+        return OnnxRuntimeBackend(version_dir, graphs, config.onnxruntime)
+    except BackendError as err:
+        if DECODER_BLOCK not in graphs:
+            raise
+        log.warning("%s: cannot load the decode block (%s); decoding without it", config.name, err)
+    return OnnxRuntimeBackend(
+        version_dir, {g: f for g, f in graphs.items() if g != DECODER_BLOCK}, config.onnxruntime
+    )
 
 
 def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:

@@ -14,7 +14,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from contract.graphs import DECODER_BLOCK, DECODER_BLOCK_FILE, DECODER_INPLACE_FILE
+from contract.graphs import (
+    DECODER_BLOCK,
+    DECODER_BLOCK_FILE,
+    DECODER_INPLACE,
+    DECODER_INPLACE_FILE,
+)
 from contract.repository import read_model_config, resolve_version
 from export.decoder_block import decoder_block_model
 from serving.engine.requests import GenerationRequest
@@ -131,6 +136,44 @@ def test_a_nan_pick_stops_the_block_and_the_step_runs_alone(block_entry: Path) -
     (theirs,) = decode_all(config, runner_b, single, job, 1)
     assert ours.tokens == theirs.tokens and ours.reason == theirs.reason
     assert poisoned and engines[0].blocks >= 2 and engines[0].blocks_cut == 1
+
+
+@pytest.mark.parametrize("name", ["float", "kv8"])
+def test_int8_entries_decode_the_same_tokens_in_blocks(
+    int8_repository: Path, tmp_path: Path, name: str
+) -> None:
+    """The int8 exports (their nodes partly unnamed, from the quantiser and the attention
+    rewrites), with a float and an int8 KV cache (its scales four more buffers per layer)."""
+    entry = tmp_path / name
+    shutil.copytree(int8_repository / name, entry)
+    version = resolve_version(entry)
+    block = decoder_block_model(onnx.load(str(version / DECODER_INPLACE_FILE)), STEPS)
+    onnx.save(block, str(version / DECODER_BLOCK_FILE))
+    config, runner, cache = picking(entry, device_greedy=True)
+    assert cache.block_steps == STEPS
+    engines: list = []
+    ours = decode_all(config, runner, cache, block_jobs(), 4, engines, block=True)
+    _, runner_b, single = picking(entry, device_greedy=True)
+    theirs = decode_all(config, runner_b, single, block_jobs(), 4)
+    assert [(e.tokens, e.reason) for e in ours] == [(e.tokens, e.reason) for e in theirs]
+    assert engines[0].blocks > 0
+
+
+def test_a_block_that_will_not_load_leaves_the_in_place_decoder_running(
+    block_entry: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entry = tmp_path / "translator"
+    shutil.copytree(block_entry, entry)
+    (resolve_version(entry) / DECODER_BLOCK_FILE).write_bytes(b"not a graph")
+    config = read_model_config(entry)
+    on = dataclasses.replace(
+        config, batching=dataclasses.replace(config.batching, decode_block=True)
+    )
+    backend = make_backend(on, resolve_version(entry))
+    assert DECODER_BLOCK not in backend.graphs() and DECODER_INPLACE in backend.graphs()
+    assert "cannot load the decode block" in caplog.text
+    cache = inplace_cache(backend, on)
+    assert cache is not None and cache.block_steps == 0
 
 
 def test_the_server_loads_the_block_only_when_its_setting_is_on(block_entry: Path) -> None:
