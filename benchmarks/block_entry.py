@@ -9,12 +9,12 @@ from pathlib import Path
 
 def with_decode_block(entry: Path, steps: int) -> None:
     """Give ``entry``'s latest version a ``decoder_block`` of ``steps`` steps (kept when it has
-    one of that size)."""
+    one of that size and today's revision)."""
     import onnx
 
     from contract.graphs import DECODER_BLOCK_FILE, DECODER_INPLACE_FILE
     from contract.repository import read_manifest, resolve_version, write_manifest
-    from export.decoder_block import decoder_block_model
+    from export.decoder_block import block_manifest, decoder_block_model
 
     version = resolve_version(entry)
     manifest = read_manifest(version)
@@ -22,13 +22,13 @@ def with_decode_block(entry: Path, steps: int) -> None:
     if inplace is None:
         raise ValueError(f"{entry} has no in-place decoder to run in blocks")
     if (
-        inplace.get("decode_block", {}).get("steps") == steps
+        inplace.get("decode_block") == block_manifest(steps)
         and (version / DECODER_BLOCK_FILE).is_file()
     ):
         return
     decoder = onnx.load(str(version / DECODER_INPLACE_FILE))
     onnx.save(decoder_block_model(decoder, steps), str(version / DECODER_BLOCK_FILE))
-    inplace["decode_block"] = {"file": DECODER_BLOCK_FILE, "steps": steps}
+    inplace["decode_block"] = block_manifest(steps)
     if DECODER_BLOCK_FILE not in manifest["files"]:
         manifest["files"].append(DECODER_BLOCK_FILE)
     write_manifest(version, manifest)

@@ -36,6 +36,7 @@ from contract.graphs import (
     BLOCK_IDS,
     BLOCK_LOGIT,
     DECODER_BLOCK,
+    DECODER_BLOCK_FILE,
     GREEDY_EOS,
     GREEDY_SUPPRESSED,
     LOGITS,
@@ -45,6 +46,19 @@ from contract.graphs import (
 from export.greedy_pick import pick_constants, pick_nodes
 
 MIN_BLOCK_STEPS, MAX_BLOCK_STEPS = 2, 16  # export --decode-block K
+# the graph's revision, in the manifest (``decoders.inplace.decode_block.revision``): 2 since
+# unnamed nodes are named (revision 1 repeated names ONNX Runtime refuses)
+BLOCK_REVISION = 2
+
+
+def block_manifest(steps: int) -> dict[str, object]:
+    """What ``manifest.json`` says of a decode block of ``steps`` steps."""
+    return {
+        "file": DECODER_BLOCK_FILE,
+        "steps": steps,
+        "revision": BLOCK_REVISION,
+        "greedy_steps": "the in-place decoder and greedy_pick per step, in one run",
+    }
 
 
 def decoder_block_model(decoder: onnx.ModelProto, steps: int) -> onnx.ModelProto:

@@ -33,7 +33,12 @@ from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntime
 from contract.repository import REPOSITORY_FORMAT, write_manifest
 from export.cache_graphs import CACHE_SCATTER, write_cache_graphs
 from export.cast_round_trips import drop_cast_round_trips
-from export.decoder_block import MAX_BLOCK_STEPS, MIN_BLOCK_STEPS, decoder_block_model
+from export.decoder_block import (
+    MAX_BLOCK_STEPS,
+    MIN_BLOCK_STEPS,
+    block_manifest,
+    decoder_block_model,
+)
 from export.errors import ExportError
 from export.fused_projections import fuse_projections
 from export.kv_int8 import int8_kv_cache
@@ -218,11 +223,7 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
     if helpers:
         manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype, attention)
         if options.decode_block:
-            manifest["decoders"]["inplace"]["decode_block"] = {
-                "file": DECODER_BLOCK_FILE,
-                "steps": options.decode_block,
-                "greedy_steps": "the in-place decoder and greedy_pick per step, in one run",
-            }
+            manifest["decoders"]["inplace"]["decode_block"] = block_manifest(options.decode_block)
     if options.tensorrt:
         from export.tensorrt import build_engines
 

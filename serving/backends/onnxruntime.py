@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from contract.graphs import CLASSIFIER, DECODER, DECODER_INPLACE
+from contract.graphs import CLASSIFIER, DECODER, DECODER_BLOCK, DECODER_INPLACE
 from contract.model_config import OnnxRuntimeOptions
 from serving.backends.base import BackendError
 from serving.backends.captured_steps import CUDA_GRAPH_OPTION
@@ -17,7 +17,7 @@ from serving.backends.captured_steps import CUDA_GRAPH_OPTION
 # threads that spin. The others (the encoder, the cache helper graphs) run between them and never
 # spin: each session has its own thread pool, and their idle workers, spinning on the cores the
 # next decode step needs, slowed every step after an encode by 20% (2 threads, batch 8).
-SPINNING_GRAPHS = (DECODER, DECODER_INPLACE, CLASSIFIER)
+SPINNING_GRAPHS = (DECODER, DECODER_INPLACE, DECODER_BLOCK, CLASSIFIER)
 
 _OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,

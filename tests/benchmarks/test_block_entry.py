@@ -36,6 +36,11 @@ def test_an_entry_gets_its_block_once(entry: Path) -> None:
     written = (entry / "1" / DECODER_BLOCK_FILE).stat().st_mtime_ns
     with_decode_block(entry, 3)  # kept
     assert (entry / "1" / DECODER_BLOCK_FILE).stat().st_mtime_ns == written
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["decoders"]["inplace"]["decode_block"]["revision"]  # an older block's
+    manifest_path.write_text(json.dumps(manifest))
+    with_decode_block(entry, 3)  # written again
+    assert (entry / "1" / DECODER_BLOCK_FILE).stat().st_mtime_ns > written
     with_decode_block(entry, 5)  # another size: written again
     manifest = json.loads(manifest_path.read_text())
     assert manifest["decoders"]["inplace"]["decode_block"]["steps"] == 5
