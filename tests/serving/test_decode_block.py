@@ -5,6 +5,7 @@ block (EOS, their token limit), EOS held back by ``min_new_tokens``, joins betwe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import shutil
 from pathlib import Path
@@ -22,7 +23,8 @@ from contract.graphs import (
 )
 from contract.repository import read_model_config, resolve_version
 from export.decoder_block import decoder_block_model
-from serving.engine.requests import GenerationRequest
+from serving.engine.inflight import InFlightEngine
+from serving.engine.requests import FinishEvent, GenerationRequest, TokenEvent
 from serving.generation.options import DecodingOptions
 from serving.repository import make_backend
 from serving.served.generator import inplace_cache
@@ -110,6 +112,36 @@ def test_the_engine_decodes_the_same_tokens_in_blocks(
     assert engines[0].blocks > 0 and engines[0].steps >= engines[0].blocks * 2
     assert engines[0].blocks_cut == 0  # EOS held back in the graph, not by the host
     assert cache.rows == 0  # every row given back
+
+
+def test_streams_get_every_token_once_in_order(block_entry: Path) -> None:
+    """Tokens booked step by step from a block reach a stream in order, each once, and are the
+    tokens its finish carries (three streams at once, one ending early)."""
+    config, runner, cache = picking(block_entry, device_greedy=True)
+    batching = dataclasses.replace(config.batching, max_active_sequences=8)
+    engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache, block=True)
+    requests = [
+        GenerationRequest(options=DecodingOptions(max_new_tokens=n), source_ids=[7, 8 + n, 9])
+        for n in (20, 5, 13)
+    ]
+
+    async def stream(request: GenerationRequest) -> list:
+        return [event async for event in engine.generate(request)]
+
+    async def go() -> list[list]:
+        engine.start()
+        try:
+            return list(await asyncio.gather(*(stream(r) for r in requests)))
+        finally:
+            engine.stop()
+
+    for events in asyncio.run(go()):
+        *tokens, finish = events
+        assert isinstance(finish, FinishEvent)
+        assert all(isinstance(e, TokenEvent) for e in tokens)
+        assert [e.index for e in tokens] == list(range(len(tokens)))
+        assert [e.token_id for e in tokens] == finish.tokens
+    assert engine.blocks > 0
 
 
 def test_a_nan_pick_stops_the_block_and_the_step_runs_alone(block_entry: Path) -> None:
