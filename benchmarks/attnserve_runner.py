@@ -283,15 +283,23 @@ def is_current_export(manifest: dict[str, Any]) -> bool:
     """Whether an export's manifest is as today's exports write it: the fused projections
     (2026-11-27: graphs of fewer nodes, ``export.fused_projections``) and an in-place decoder's
     cache graphs choosing their scatter indices by device (2026-11-27 evening, ``vector_scatter``:
-    joins on CUDA). The benchmarks' caches export older ones again."""
+    joins on CUDA) and a decode block of today's revision (2026-11-28, written by default). The
+    benchmarks' caches export older ones again."""
     from export.cache_graphs import CACHE_SCATTER
+    from export.decoder_block import BLOCK_REVISION
 
     graphs = manifest.get("graphs", {})
     inplace = manifest.get("decoders", {}).get("inplace")
     return (
         bool(graphs)
         and all("fused_projections" in facts for facts in graphs.values())
-        and (inplace is None or inplace.get("cache_scatter") == CACHE_SCATTER)
+        and (
+            inplace is None
+            or (
+                inplace.get("cache_scatter") == CACHE_SCATTER
+                and inplace.get("decode_block", {}).get("revision") == BLOCK_REVISION
+            )
+        )
     )
 
 

@@ -238,7 +238,8 @@ def engine_config(
     overlap: bool = False,
 ) -> Any:
     """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued),
-    ``join_interval_steps``, ``max_new_tokens`` as its token limit and ``overlap_steps``."""
+    ``join_interval_steps``, ``max_new_tokens`` as its token limit and ``overlap_steps``; one
+    step per run (``decode_block`` off)."""
     from contract.repository import read_model_config
 
     config = read_model_config(entry)
@@ -249,6 +250,8 @@ def engine_config(
         max_queue_size=4 * rows,
         join_interval_steps=join_interval_steps,
         overlap_steps=overlap,
+        decode_block=False,  # the real block graph would not answer at once (--decode-block
+        # sets an emulated one)
     )
     return replace(
         config, batching=batching, limits=replace(config.limits, max_new_tokens=max_new_tokens)

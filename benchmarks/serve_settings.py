@@ -57,7 +57,9 @@ SETUPS = (
     "instances",
     "spinning",
     "stream_interval",
-    "decode_block",  # batching's translator decoding greedy steps in blocks of BLOCK_STEPS
+    # batching's translator one step per run (batching.decode_block: false; on the CPU the
+    # default decodes in blocks)
+    "single_steps",
     *WIDE_FRONTENDS,
     *CUDA_SETUPS,
 )

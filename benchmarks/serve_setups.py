@@ -53,9 +53,9 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     **{setup: {"translator": {}, "vit": {}} for setup in WIDE_FRONTENDS},
     # eight_frontends' translator, each greedy step started before the last one's bookkeeping
     "eight_frontends_overlap": {"translator": {"overlap_steps": True}},
-    # batching's / eight_frontends' translator decoding greedy steps in blocks (its entry given a
-    # decoder_block graph of BLOCK_STEPS steps)
-    "decode_block": {"translator": {"decode_block": True}},
+    # batching's translator one step per run; eight_frontends' decoding greedy steps in blocks
+    # wherever it runs (its entry given a decoder_block graph of BLOCK_STEPS steps if it has none)
+    "single_steps": {"translator": {"decode_block": False}},
     "eight_frontends_block": {"translator": {"decode_block": True}},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
     # with cuDNN's heuristic convolution search; and the ViT's batches as they come (on CUDA

@@ -146,6 +146,7 @@ GREEDY_IDS, GREEDY_LOGIT = "greedy_ids", "greedy_logit"
 #     where it ends and rewinds its cache length there (the positions written past it are
 #     overwritten by the steps that follow).
 DECODER_BLOCK, DECODER_BLOCK_FILE = "decoder_block", "decoder_block.onnx"
+DEFAULT_BLOCK_STEPS = 4  # K of the block exports write unless --decode-block says (0: none)
 BLOCK_IDS, BLOCK_LOGIT, BLOCK_EOS_AFTER = "block_ids", "block_logit", "eos_after"
 OPTIONAL_INPLACE_GRAPH_FILES = {GREEDY_PICK: GREEDY_PICK_FILE, DECODER_BLOCK: DECODER_BLOCK_FILE}
 ROWS, SOURCE_ROWS, WIDTH = "rows", "source_rows", "width"

@@ -107,11 +107,12 @@ class InFlightBatching:
     # such a step. The in-place KV cache only. Off by default: not yet measured on a GPU host.
     overlap_steps: bool = False
     # Decode greedy steps K at a time through the export's decoder_block graph (export
-    # --decode-block K; vLLM's multi-step scheduling): one run, and one pass of the engine's
-    # bookkeeping, per K tokens. Used while every running sequence decodes greedily, none waits to
-    # join and each has room for K more positions; tokens then stream K at a time. Off by
-    # default: not yet measured on a GPU host.
-    decode_block: bool = False
+    # --decode-block K, 4 by default; vLLM's multi-step scheduling): one run, and one pass of the
+    # engine's bookkeeping, per K tokens. Used while every running sequence decodes greedily and
+    # has its first token, none waits to join and each has room for K more positions; tokens then
+    # stream K at a time. None (auto): on where the entry has the graph and runs on the CPU
+    # (measured there), off on a GPU until measured there; true: wherever the entry has it.
+    decode_block: bool | None = None
 
     def __post_init__(self) -> None:
         _at_least_one(
@@ -260,6 +261,12 @@ class OnnxRuntimeOptions:
         _not_negative(self, "intra_op_threads", "spin_duration_us")
 
     @property
+    def on_cpu(self) -> bool:
+        """The CPU provider is the first to try (the sessions run on the CPU)."""
+        providers = self.execution_providers
+        return not providers or providers[0] == "CPUExecutionProvider"
+
+    @property
     def captures_cuda_graphs(self) -> bool:
         """``cuda_graph`` on, with the CUDA provider among those to try (elsewhere it does
         nothing)."""
@@ -315,6 +322,13 @@ class GeneratorConfig:
         if self.input == "image" and self.image is None:
             raise ValueError("a model with image input needs an `image` section")
         _instances_need_onnxruntime(self.batching.instances, self.backend)
+
+    @property
+    def decodes_in_blocks(self) -> bool:
+        """Whether the engine decodes in blocks where the entry has the graph
+        (``batching.decode_block``: true, or unset and the sessions on the CPU)."""
+        setting = self.batching.decode_block
+        return setting is True or (setting is None and self.onnxruntime.on_cpu)
 
 
 def _instances_need_onnxruntime(instances: int, backend: str) -> None:

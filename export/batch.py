@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.graphs import DEFAULT_BLOCK_STEPS
 from contract.schema import SchemaError, load_yaml
 from export.errors import DestinationError, ExportError, SourceError
 
@@ -62,7 +63,7 @@ class PlanDefaults:
     kv_cache_dtype: KvCacheDtype = "float"  # float | int8 (with precision int8)
     # fused | matmul (the decoder's attention over a float cache; unset: matmul for int8)
     decode_attention: DecodeAttention | None = None
-    decode_block: int = 0  # greedy steps per decode block graph (2-16; 0: none)
+    decode_block: int = DEFAULT_BLOCK_STEPS  # steps per decode block graph (2-16; 0: none)
     force: bool = False  # overwrite existing versions
     parity_examples: int = 128  # held-out examples checked end to end (>= 100)
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)

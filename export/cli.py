@@ -9,6 +9,7 @@ from typing import Any
 
 from contract.graphs import (
     DECODE_ATTENTIONS,
+    DEFAULT_BLOCK_STEPS,
     DEFAULT_OPSET,
     FUSED_ATTENTION_OPSET,
     KV_CACHE_DTYPES,
@@ -65,10 +66,11 @@ def add_parsers(subparsers: Any) -> None:
     export.add_argument(
         "--decode-block",
         type=int,
-        default=0,
+        default=DEFAULT_BLOCK_STEPS,
         metavar="K",
-        help="also write decoder_block.onnx: K greedy decoder steps in one run (2-16), for "
-        "batching.decode_block (the host's work per token divided by K; default 0: not written)",
+        help="seq2seq models: also write decoder_block.onnx, K greedy decoder steps in one run "
+        f"(2-16; 0: not written; default {DEFAULT_BLOCK_STEPS}), which batching.decode_block "
+        "runs (the host's work per token divided by K)",
     )
     export.add_argument(
         "--tensorrt",

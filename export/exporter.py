@@ -20,6 +20,7 @@ from contract.graphs import (
     DECODER_BLOCK_FILE,
     DECODER_INPLACE,
     DECODER_INPLACE_FILE,
+    DEFAULT_BLOCK_STEPS,
     FUSED_ATTENTION_OPSET,
     INPLACE_GRAPH_FILES,
     KV_CACHE_DTYPES,
@@ -88,7 +89,7 @@ class ExportOptions:
     # (export.matmul_attention, faster on the CPU); None: matmul for int8, else fused
     decode_attention: str | None = None
     # greedy steps per run of the decode block graph (export.decoder_block); 0: not written
-    decode_block: int = 0
+    decode_block: int = DEFAULT_BLOCK_STEPS
     tensorrt: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
     tensorrt_flavour: str | None = None  # auto | tensorrt | rtx (None: ATTNSERVE_TENSORRT_FLAVOUR)
     force: bool = False  # overwrite an existing version

@@ -57,7 +57,7 @@ def make_backend(config: ModelConfig, version_dir: Path) -> Backend:
     if wanted and all((version_dir / name).is_file() for name in inplace.values()):
         optional = OPTIONAL_INPLACE_GRAPH_FILES.items()  # absent from older exports
         inplace |= {graph: name for graph, name in optional if (version_dir / name).is_file()}
-        if not getattr(config.batching, "decode_block", False):  # a session with its weights
+        if not getattr(config, "decodes_in_blocks", False):  # a session, its own weights
             inplace.pop(DECODER_BLOCK, None)
         try:
             return _inplace_backend(version_dir, inplace, config)

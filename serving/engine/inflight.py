@@ -493,9 +493,10 @@ class InFlightEngine:
             self._ahead = ahead
 
     def _block_due(self, layout: StepLayout, done: np.ndarray) -> bool:
-        """The next greedy steps run as a block: nothing waits to join, every row has room for
-        the block, one row at least has more than one token to go (and the last block did not
-        stop at an undecided pick)."""
+        """The next greedy steps run as a block: nothing waits to join, every row has its first
+        token (a joiner's comes from a single step, at once), room for the block and, for one
+        row at least, more than one token to go; and the last block did not stop at an
+        undecided pick."""
         if self._single_next:
             self._single_next = False
             return False
@@ -503,6 +504,7 @@ class InFlightEngine:
         return (
             self._ahead is None
             and not len(self.queue)
+            and bool(done.all())
             and self._block.block_fits(done)
             and bool((layout.limit - done > 1).any())
         )

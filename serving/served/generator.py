@@ -132,20 +132,21 @@ def local_engine(
         instance=instance,
         gauge_board=gauge_board,
         overlap=overlap and cache is not None,
-        block=config.batching.decode_block and _has_block(cache, config.name),
+        block=_runs_blocks(cache, config),
     )
 
 
-def _has_block(cache: InPlaceKVCache | None, name: str) -> bool:
-    """Whether ``cache`` runs decode blocks (``batching.decode_block``); warns where not."""
-    if cache is not None and cache.block_steps:
-        return True
-    log.warning(
-        "%s: batching.decode_block needs the in-place KV cache and a decoder_block graph "
-        "(attnserve export --decode-block K); decoding one step per run",
-        name,
-    )
-    return False
+def _runs_blocks(cache: InPlaceKVCache | None, config: GeneratorConfig) -> bool:
+    """Whether the engine decodes in blocks (``batching.decode_block``): where asked for and
+    the cache has a block graph; warns where it was set true and the cache has none."""
+    has = cache is not None and cache.block_steps > 0
+    if config.batching.decode_block is True and not has:
+        log.warning(
+            "%s: batching.decode_block needs the in-place KV cache and a decoder_block graph "
+            "(attnserve export --decode-block K); decoding one step per run",
+            config.name,
+        )
+    return has and config.decodes_in_blocks
 
 
 def local_engines(

@@ -38,6 +38,7 @@ def test_translator_entry_layout_and_manifest(tiny_translator_entry: Path) -> No
         "cache_resize.onnx",
         "cache_write.onnx",
         "decoder.onnx",
+        "decoder_block.onnx",  # export --decode-block's default: 4 steps
         "decoder_inplace.onnx",
         "encoder.onnx",
         "greedy_pick.onnx",

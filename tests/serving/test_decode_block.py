@@ -27,7 +27,7 @@ from serving.engine.inflight import InFlightEngine
 from serving.engine.requests import FinishEvent, GenerationRequest, TokenEvent
 from serving.generation.options import DecodingOptions
 from serving.repository import make_backend
-from serving.served.generator import inplace_cache
+from serving.served.generator import inplace_cache, local_engine
 from tests.serving.test_greedy_step import admitted, picking
 from tests.serving.test_inplace_cache import decode_all
 
@@ -162,7 +162,8 @@ def test_a_nan_pick_stops_the_block_and_the_step_runs_alone(block_entry: Path) -
 
     cache.step_block = nan_once  # type: ignore[method-assign]
     engines: list = []
-    job = [GenerationRequest(options=DecodingOptions(max_new_tokens=12), source_ids=[7, 8, 9])]
+    twelve = DecodingOptions(max_new_tokens=12, min_new_tokens=12)
+    job = [GenerationRequest(options=twelve, source_ids=[7, 8, 9])]
     (ours,) = decode_all(config, runner, cache, job, 1, engines, block=True)
     _, runner_b, single = picking(block_entry, device_greedy=True)
     (theirs,) = decode_all(config, runner_b, single, job, 1)
@@ -208,20 +209,32 @@ def test_a_block_that_will_not_load_leaves_the_in_place_decoder_running(
     assert cache is not None and cache.block_steps == 0
 
 
-def test_the_server_loads_the_block_only_when_its_setting_is_on(block_entry: Path) -> None:
+def with_block_setting(config, setting: bool | None, providers: tuple[str, ...] | None = None):
+    """``config`` with ``batching.decode_block`` set to ``setting`` (and its providers)."""
+    runtime = config.onnxruntime
+    if providers is not None:
+        runtime = dataclasses.replace(runtime, execution_providers=providers)
+    batching = dataclasses.replace(config.batching, decode_block=setting)
+    return dataclasses.replace(config, batching=batching, onnxruntime=runtime)
+
+
+def test_the_server_decodes_in_blocks_by_default_on_the_cpu_only(block_entry: Path) -> None:
+    """Unset (auto): the block is loaded and run where the sessions are on the CPU, not where
+    CUDA comes first; false: never (a session of its own: not even loaded); true: anywhere."""
     config = read_model_config(block_entry)
-    assert not config.batching.decode_block
-    backend = make_backend(config, resolve_version(block_entry))
-    assert DECODER_BLOCK not in backend.graphs()  # a session of its own: not loaded
-    cache = inplace_cache(backend, config)
-    assert cache is not None and cache.block_steps == 0
-    on = dataclasses.replace(
-        config, batching=dataclasses.replace(config.batching, decode_block=True)
-    )
-    backend = make_backend(on, resolve_version(block_entry))
-    assert DECODER_BLOCK in backend.graphs()
-    cache = inplace_cache(backend, on)
-    assert cache is not None and cache.block_steps == STEPS
+    assert config.batching.decode_block is None
+    version = resolve_version(block_entry)
+    cuda = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    assert config.decodes_in_blocks and not with_block_setting(config, None, cuda).decodes_in_blocks
+    assert with_block_setting(config, True, cuda).decodes_in_blocks
+    for setting, loaded in ((None, True), (False, False), (True, True)):
+        chosen = with_block_setting(config, setting)
+        backend = make_backend(chosen, version)
+        assert (DECODER_BLOCK in backend.graphs()) == loaded
+        cache = inplace_cache(backend, chosen)
+        assert cache is not None and cache.block_steps == (STEPS if loaded else 0)
+        engine = local_engine(chosen, backend, None)
+        assert (engine._block is not None) == loaded
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="a block on a device needs onnxruntime-gpu and a GPU")
