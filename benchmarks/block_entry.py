@@ -10,11 +10,9 @@ from pathlib import Path
 def with_decode_block(entry: Path, steps: int) -> None:
     """Give ``entry``'s latest version a ``decoder_block`` of ``steps`` steps (kept when it has
     one of that size and today's revision)."""
-    import onnx
-
-    from contract.graphs import DECODER_BLOCK_FILE, DECODER_INPLACE_FILE
+    from contract.graphs import DECODER_BLOCK_FILE
     from contract.repository import read_manifest, resolve_version, write_manifest
-    from export.decoder_block import block_manifest, decoder_block_model
+    from export.decoder_block import block_manifest, write_decode_block
 
     version = resolve_version(entry)
     manifest = read_manifest(version)
@@ -26,9 +24,7 @@ def with_decode_block(entry: Path, steps: int) -> None:
         and (version / DECODER_BLOCK_FILE).is_file()
     ):
         return
-    decoder = onnx.load(str(version / DECODER_INPLACE_FILE))
-    onnx.save(decoder_block_model(decoder, steps), str(version / DECODER_BLOCK_FILE))
-    inplace["decode_block"] = block_manifest(steps)
+    inplace["decode_block"] = write_decode_block(version, steps)
     if DECODER_BLOCK_FILE not in manifest["files"]:
         manifest["files"].append(DECODER_BLOCK_FILE)
     write_manifest(version, manifest)

@@ -94,7 +94,7 @@ def instant_engine(
     re-layouts only change its widths (on a device they are device work, and nothing reads this
     cache). With ``overlap``, ``batching.overlap_steps``: greedy steps start before the last
     one's bookkeeping. With ``block``, ``batching.decode_block`` with an emulated block graph of
-    that many steps (one device wait per step, back to back, its picks the steps' picks)."""
+    that many steps (one device wait of that many steps, its picks the single step's)."""
     from contract.repository import resolve_version
     from serving.metrics import ServingMetrics
     from serving.repository import make_backend

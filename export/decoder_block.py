@@ -28,6 +28,8 @@ does step by step (``tests/export/test_decoder_block.py`` checks it against K si
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 from onnx import TensorProto, helper
 
@@ -37,6 +39,7 @@ from contract.graphs import (
     BLOCK_LOGIT,
     DECODER_BLOCK,
     DECODER_BLOCK_FILE,
+    DECODER_INPLACE_FILE,
     GREEDY_EOS,
     GREEDY_SUPPRESSED,
     LOGITS,
@@ -59,6 +62,14 @@ def block_manifest(steps: int) -> dict[str, object]:
         "revision": BLOCK_REVISION,
         "greedy_steps": "the in-place decoder and greedy_pick per step, in one run",
     }
+
+
+def write_decode_block(version_dir: Path, steps: int) -> dict[str, object]:
+    """Write ``decoder_block.onnx`` of ``steps`` steps beside the version's in-place decoder;
+    returns what ``manifest.json`` says of it."""
+    decoder = onnx.load(str(version_dir / DECODER_INPLACE_FILE))
+    onnx.save(decoder_block_model(decoder, steps), str(version_dir / DECODER_BLOCK_FILE))
+    return block_manifest(steps)
 
 
 def decoder_block_model(decoder: onnx.ModelProto, steps: int) -> onnx.ModelProto:

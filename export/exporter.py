@@ -19,7 +19,6 @@ from contract.graphs import (
     DECODER,
     DECODER_BLOCK_FILE,
     DECODER_INPLACE,
-    DECODER_INPLACE_FILE,
     DEFAULT_BLOCK_STEPS,
     FUSED_ATTENTION_OPSET,
     INPLACE_GRAPH_FILES,
@@ -37,8 +36,7 @@ from export.cast_round_trips import drop_cast_round_trips
 from export.decoder_block import (
     MAX_BLOCK_STEPS,
     MIN_BLOCK_STEPS,
-    block_manifest,
-    decoder_block_model,
+    write_decode_block,
 )
 from export.errors import ExportError
 from export.fused_projections import fuse_projections
@@ -189,11 +187,9 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
             if options.precision == "fp16":
                 graphs[spec.name]["cast_round_trips_removed"] = round_trips
     helpers = _write_cache_graphs(loaded, version_dir, options)
+    block = None  # what the manifest says of the decode block graph, where one is written
     if helpers and options.decode_block:
-        block = decoder_block_model(
-            onnx.load(str(version_dir / DECODER_INPLACE_FILE)), options.decode_block
-        )
-        onnx.save(block, str(version_dir / DECODER_BLOCK_FILE))
+        block = write_decode_block(version_dir, options.decode_block)
         helpers.append(DECODER_BLOCK_FILE)
     backend = OnnxRuntimeBackend(  # as many threads as torch has (export-all workers share cores)
         version_dir,
@@ -223,8 +219,8 @@ def _export_into(loaded: LoadedSource, version_dir: Path, options: ExportOptions
     }
     if helpers:
         manifest["decoders"] = _decoder_variants(graphs, helpers, options.kv_cache_dtype, attention)
-        if options.decode_block:
-            manifest["decoders"]["inplace"]["decode_block"] = block_manifest(options.decode_block)
+        if block is not None:
+            manifest["decoders"]["inplace"]["decode_block"] = block
     if options.tensorrt:
         from export.tensorrt import build_engines
 

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from contract.graphs import DECODER_INPLACE, vector_size, width_axis
+from contract.graphs import (
+    DECODER_INPLACE,
+    GREEDY_EOS,
+    GREEDY_SUPPRESSED,
+    vector_size,
+    width_axis,
+)
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
 
@@ -151,3 +157,14 @@ def cache_buffers(
         width_last = width_axis(name, layout) == 3
         buffers[name] = CacheBuffer(rows, spec.num_heads, width, inner, dtype, device, width_last)
     return buffers
+
+
+def pick_masks(spec: DecoderSpec, device: Device) -> dict[str, tuple[np.ndarray, ort.OrtValue]]:
+    """The greedy pick's fixed inputs on ``device`` (``greedy_pick`` and ``decoder_block``
+    take them): the suppressed ids and EOS, one-hot, with the host arrays a CPU tensor shares."""
+    masks = {}
+    for name, ids in ((GREEDY_SUPPRESSED, list(spec.suppress_ids)), (GREEDY_EOS, [spec.eos_id])):
+        mask = np.zeros((1, 1, spec.vocab_size), dtype=bool)
+        mask[0, 0, ids] = True
+        masks[name] = (mask, ort.OrtValue.ortvalue_from_numpy(mask, device.kind, device.index))
+    return masks

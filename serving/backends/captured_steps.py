@@ -205,24 +205,26 @@ class CapturedSteps:
         for row, (name, rank) in enumerate(self.inputs.items()):
             pointer = packed.data_ptr() + row * row_bytes
             io.bind_input(name, self.kind, self.index, np.int64, [batch, 1][:rank], pointer)
-        hosts: list[np.ndarray] = []
-        values: list[ort.OrtValue] = []
-        pinned: list[np.ndarray] | None = None
-        for name, (per_row, dtype) in self.outputs.items():
-            dims = (batch, *per_row)
-            if self.kind == "cpu":
-                hosts.append(np.zeros(dims, dtype=dtype))
-                values.append(ort.OrtValue.ortvalue_from_numpy(hosts[-1]))
-            else:
-                values.append(
-                    ort.OrtValue.ortvalue_from_shape_and_type(
-                        list(dims), dtype, self.kind, self.index
-                    )
+        # the outputs: on the CPU numpy arrays read in place; on a device its tensors, copied
+        # into page-locked arrays where ``CudaHost`` can
+        hosts: list[np.ndarray] = [
+            np.zeros((batch, *per_row), dtype) for per_row, dtype in self.outputs.values()
+        ]
+        if self.kind == "cpu":
+            values = [ort.OrtValue.ortvalue_from_numpy(host) for host in hosts]
+        else:
+            values = [
+                ort.OrtValue.ortvalue_from_shape_and_type(
+                    list(host.shape), host.dtype.type, self.kind, self.index
                 )
-                if self.host is not None:
-                    pinned = [*(pinned or []), pinned_empty(dims, self.host, dtype)]
-            io.bind_ortvalue_output(name, values[-1])
+                for host in hosts
+            ]
+        for name, value in zip(self.outputs, values, strict=True):
+            io.bind_ortvalue_output(name, value)
         run_options = ort.RunOptions()
         run_options.add_run_config_entry(GRAPH_ID, str(graph_id))
+        pinned = None
+        if self.kind != "cpu" and self.host is not None:
+            pinned = [pinned_empty(host.shape, self.host, host.dtype.type) for host in hosts]
         host = hosts if self.kind == "cpu" else None
         return _Shape(io, packed, staging, values, host, run_options, graph_id, pinned)

@@ -21,13 +21,11 @@ from contract.graphs import (
     BLOCK_IDS,
     BLOCK_LOGIT,
     DECODER_BLOCK,
-    GREEDY_EOS,
-    GREEDY_SUPPRESSED,
     block_present_name,
 )
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
-from serving.backends.cache_buffers import CacheBuffer, Device
+from serving.backends.cache_buffers import CacheBuffer, Device, pick_masks
 from serving.backends.captured_steps import STEP_INPUTS, CapturedSteps
 from serving.backends.host_memory import CudaHost, pinned_empty
 from serving.backends.onnxruntime import run_bound
@@ -66,11 +64,7 @@ class DecodeBlock:
             raise BackendError(f"{DECODER_BLOCK} has no block_ids output of a fixed width")
         self.session, self.steps = session, steps
         self.past, self.cross, self.device = past, cross, device
-        self._masks = {}
-        for name, ids in ((GREEDY_SUPPRESSED, spec.suppress_ids), (GREEDY_EOS, [spec.eos_id])):
-            mask = np.zeros((1, 1, spec.vocab_size), dtype=bool)
-            mask[0, 0, list(ids)] = True
-            self._masks[name] = ort.OrtValue.ortvalue_from_numpy(mask, device.kind, device.index)
+        self._masks = pick_masks(spec, device)
         self.ids = pinned_empty((rows, steps), host, np.int64)
         self.best = pinned_empty((rows, steps), host)
         self._bound: tuple[tuple[int, int, int], ort.IOBinding] | None = None
@@ -149,5 +143,5 @@ class DecodeBlock:
                 buffer.bind(io, block_present_name(name, step), batch, output=True)
         for name, buffer in self.cross.items():
             buffer.bind(io, name, batch)
-        for name, value in self._masks.items():
+        for name, (_, value) in self._masks.items():
             io.bind_ortvalue_input(name, value)

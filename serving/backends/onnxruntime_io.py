@@ -34,12 +34,10 @@ from contract.graphs import (
     CACHE_WRITE,
     DECODER_BLOCK,
     DECODER_INPLACE,
-    GREEDY_EOS,
     GREEDY_IDS,
     GREEDY_LOGIT,
     GREEDY_NO_EOS,
     GREEDY_PICK,
-    GREEDY_SUPPRESSED,
     LOGITS,
     ROWS,
     SOURCE_ROWS,
@@ -54,7 +52,13 @@ from contract.graphs import (
 )
 from contract.model_config import DecoderSpec
 from serving.backends.base import BackendError
-from serving.backends.cache_buffers import NUMPY_TYPES, CacheBuffer, Device, cache_buffers
+from serving.backends.cache_buffers import (
+    NUMPY_TYPES,
+    CacheBuffer,
+    Device,
+    cache_buffers,
+    pick_masks,
+)
 from serving.backends.captured_steps import CapturedSteps, captures_cuda_graphs
 from serving.backends.decode_block import DecodeBlock
 from serving.backends.host_memory import CudaHost, pinned_empty
@@ -141,7 +145,7 @@ class InPlaceDecoder:
         self.greedy = self.picker is not None and device_greedy  # step_greedy can run
         self.suppressed = np.asarray(spec.suppress_ids, dtype=np.int64)
         self.eos_id = spec.eos_id
-        self._masks = self._pick_masks(spec) if self.greedy else {}
+        self._masks = pick_masks(spec, device) if self.greedy else {}
         self.greedy_ids = pinned_empty((rows, 1), self.host, np.int64)
         self.greedy_logit = pinned_empty((rows, 1), self.host)
         self._device_logits: ort.OrtValue | None = None  # greedy steps' logits on a device
@@ -252,17 +256,6 @@ class InPlaceDecoder:
         rows_no_eos = np.ascontiguousarray(no_eos, dtype=bool).reshape(batch, 1, 1)
         io.bind_cpu_input(GREEDY_NO_EOS, rows_no_eos)
         self._run(self.picker, io, GREEDY_PICK)
-
-    def _pick_masks(self, spec: DecoderSpec) -> dict[str, tuple[np.ndarray, ort.OrtValue]]:
-        """The pick's fixed inputs on the decoder's device: the suppressed ids and EOS, one-hot
-        (with the host arrays, which a CPU tensor shares)."""
-        masks = {}
-        for name, ids in ((GREEDY_SUPPRESSED, self.suppressed), (GREEDY_EOS, [spec.eos_id])):
-            mask = np.zeros((1, 1, spec.vocab_size), dtype=bool)
-            mask[0, 0, ids] = True
-            value = ort.OrtValue.ortvalue_from_numpy(mask, self.device.kind, self.device.index)
-            masks[name] = (mask, value)
-        return masks
 
     def last_logits(self) -> np.ndarray:
         """The logits (B, vocab) of the latest step, copied from the device where a greedy step
