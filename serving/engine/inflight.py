@@ -37,7 +37,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -46,6 +45,7 @@ from serving.backends.base import BackendError
 from serving.engine.decode_cache import DecodeCache
 from serving.engine.gauges import GaugeBoard
 from serving.engine.inplace_cache import InPlaceKVCache
+from serving.engine.meters import EngineMeters
 from serving.engine.padded_cache import PaddedKVCache
 from serving.engine.requests import (
     ErrorEvent,
@@ -62,7 +62,7 @@ from serving.engine.scheduler import AdmissionLimits, AdmissionQueue
 from serving.engine.step_layout import ActiveSequence, StepAhead, StepLayout
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.sampling import greedy_decide, greedy_rows
-from serving.metrics import ServingMetrics, observe_many
+from serving.metrics import ServingMetrics
 from serving.seq2seq import Encoded, Seq2SeqRunner
 
 # greedy rows from which the step chooses their tokens in one numpy pass (``greedy_rows``)
@@ -116,7 +116,6 @@ class InFlightEngine:
         self.spec = spec
         self.max_new_tokens = max_new_tokens
         self.batching = batching
-        self.metrics = metrics
         self.clock = clock
         max_rows = batching.decode_rows
         self.queue: AdmissionQueue[GenerationRequest] = AdmissionQueue(
@@ -136,14 +135,10 @@ class InFlightEngine:
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (tests and benchmarks read it)
         self._joined_at = 0  # self.steps when requests last joined (join_interval_steps)
-        self.instance = instance
-        self.gauge_board = gauge_board
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
         self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
-        self._children: dict[tuple[str, str | None], Any] = {}  # by (metric, stage)
-        self._new_tokens = 0  # tokens counted this iteration (one generated_tokens.inc each)
-        self._token_gaps: dict[float, int] = {}  # this step's rows by their last token time
         self._state = RowState(max_rows, spec.max_positions)
+        self.meters = EngineMeters(name, metrics, self._state, instance, gauge_board)
         self._layout = StepLayout(self._state)  # of ``sequences``, changed with them
         # set when a request of this engine is cancelled: the next iteration looks for its rows
         self._cancels = threading.Event()
@@ -163,6 +158,15 @@ class InFlightEngine:
         self._single_next = False  # the last block stopped at an undecided pick: one step next
         self.blocks = 0  # decode blocks run (tests and benchmarks read it)
         self.blocks_cut = 0  # blocks stopped at an undecided pick (tests read it)
+
+    @property
+    def metrics(self) -> ServingMetrics | None:
+        """Where the engine records (its ``meters``'); settable before ``start``."""
+        return self.meters.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: ServingMetrics | None) -> None:
+        self.meters.metrics = metrics
 
     # --- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -346,14 +350,14 @@ class InFlightEngine:
         if rows is None:
             return
         now = self.clock()
-        self._observe("compute_time", now - started, stage="encoder")
-        self._observe("batch_size", len(joiners), stage="encoder")
+        self.meters.observe("compute_time", now - started, stage="encoder")
+        self.meters.observe("batch_size", len(joiners), stage="encoder")
         joined = []
         for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
             seq = ActiveSequence(request, self.spec, limit, now)
             seq.rows = request_rows
-            self._observe("queue_time", now - request.arrival)
+            self.meters.observe("queue_time", now - request.arrival)
             joined.append(seq)
         slots = self._state.take(
             [len(seq.rows) for seq in joined],
@@ -427,8 +431,8 @@ class InFlightEngine:
         logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()
-        self._observe("compute_time", now - started, stage="decoder_step")
-        self._observe("batch_size", len(rows), stage="decoder_step")
+        self.meters.observe("compute_time", now - started, stage="decoder_step")
+        self.meters.observe("batch_size", len(rows), stage="decoder_step")
         greedy = self._greedy_tokens(sequences, logits, offsets, done, layout.first)
         finished: list[int] = []
         for index, seq in enumerate(sequences):
@@ -446,7 +450,7 @@ class InFlightEngine:
             if self._advance(seq, token, now):
                 finished.append(index)
         layout.stepped_at = None  # tokens counted per sequence: their times to be read
-        self._count_new_tokens(now)
+        self.meters.count_new_tokens(now)
         if finished:
             self._remove(finished)
 
@@ -466,8 +470,9 @@ class InFlightEngine:
             seconds = None
         self.steps += 1
         now = self.clock()
-        self._observe("compute_time", now - started if seconds is None else seconds, "decoder_step")
-        self._observe("batch_size", len(slots), stage="decoder_step")
+        took = now - started if seconds is None else seconds
+        self.meters.observe("compute_time", took, stage="decoder_step")
+        self.meters.observe("batch_size", len(slots), stage="decoder_step")
         eos_id = self.spec.eos_id
         chosen = greedy_decide(
             outputs.tokens,
@@ -542,8 +547,8 @@ class InFlightEngine:
                 self.blocks_cut += 1
                 return
             self.steps += 1
-            self._observe("compute_time", per_step, stage="decoder_step")
-            self._observe("batch_size", len(going), stage="decoder_step")
+            self.meters.observe("compute_time", per_step, stage="decoder_step")
+            self.meters.observe("batch_size", len(going), stage="decoder_step")
             generated = done + 1
             state.generated[layout.slots] = generated
             stops = chosen == eos_id
@@ -564,7 +569,7 @@ class InFlightEngine:
     ) -> None:
         """A greedy step's bookkeeping: token times, the rows' tokens, streaming, finishes."""
         state, slots = self._state, layout.slots
-        self._count_tokens(layout, now)
+        self.meters.count_tokens(layout, self.sequences, now)
         going = ~stops if stops.any() else None  # None: every row goes on (the usual step)
         live = slice(None) if going is None else going  # a slice: views, no copies
         kept, tokens = slots[live], chosen[live]
@@ -592,7 +597,7 @@ class InFlightEngine:
                 self._finish(seq, "stop", int(done[index]))
             else:
                 self._finish(seq, "length", int(done[index]) + 1)
-        self._count_new_tokens(now)
+        self.meters.count_new_tokens(now)
         if finished:
             self._remove(finished)
 
@@ -658,7 +663,7 @@ class InFlightEngine:
         state, slot = self._state, seq.slot
         done = int(state.generated[slot])
         state.generated[slot] = done + 1
-        self._count_token(seq, now)
+        self.meters.count_token(seq, now)
         if token == self.spec.eos_id:
             return self._finish(seq, "stop", done)
         state.tokens[slot, done] = token
@@ -677,60 +682,10 @@ class InFlightEngine:
         parents, tokens = seq.beam.step(logits)
         seq.parents = np.asarray(parents, dtype=np.int64)
         state.next_id[seq.slots] = np.asarray(tokens, dtype=np.int64)
-        self._count_token(seq, now)
+        self.meters.count_token(seq, now)
         if seq.beam.done or generated >= seq.limit:
             return self._finish_beam(seq)
         return False
-
-    def _count_token(self, seq: ActiveSequence, now: float) -> None:
-        last = float(self._state.last_time[seq.slot])
-        if last != last:  # NaN: its first token
-            self._observe("time_to_first_token", now - seq.request.arrival)
-        else:  # observed in _count_new_tokens: rows with the same last token time, at once
-            self._token_gaps[last] = self._token_gaps.get(last, 0) + 1
-        self._state.last_time[seq.slot] = now
-        self._new_tokens += 1
-
-    def _count_tokens(self, layout: StepLayout, now: float) -> None:
-        """``_count_token`` for every sequence of a step of one row each."""
-        times = self._state.last_time
-        count = len(layout.slots)
-        self._new_tokens += count
-        gaps = self._token_gaps
-        if self.metrics is not None and layout.stepped_at is not None:
-            # the layout's last step gave its first ``fresh`` sequences a token: one gap for
-            # all; those that joined since take their first
-            if layout.fresh:
-                gaps[layout.stepped_at] = gaps.get(layout.stepped_at, 0) + layout.fresh
-            for index in range(layout.fresh, count):
-                self._observe("time_to_first_token", now - self.sequences[index].request.arrival)
-        elif self.metrics is not None:
-            last = times[layout.slots]
-            first = np.isnan(last)
-            for index in np.flatnonzero(first).tolist():
-                arrival = self.sequences[index].request.arrival
-                self._observe("time_to_first_token", now - arrival)
-            if not first.any() and last[0] == last[-1] and (last == last[0]).all():
-                gaps[float(last[0])] = gaps.get(float(last[0]), 0) + len(last)
-            else:
-                before, rows = np.unique(last[~first], return_counts=True)
-                for time_, count_ in zip(before.tolist(), rows.tolist(), strict=True):
-                    gaps[time_] = gaps.get(time_, 0) + count_
-        times[layout.slots] = now
-        layout.stepped_at, layout.fresh = now, count
-
-    def _count_new_tokens(self, now: float) -> None:
-        """The step's token counts: generated tokens, and the time per output token of the rows
-        that had one before (``now`` minus their last token time, one observation each)."""
-        if self.metrics is not None:
-            if self._new_tokens:
-                self._child("generated_tokens").inc(self._new_tokens)
-            if self._token_gaps:
-                per_token = self._child("time_per_output_token")
-                for last, rows in self._token_gaps.items():
-                    observe_many(per_token, now - last, rows)
-        self._new_tokens = 0
-        self._token_gaps.clear()
 
     def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
         """Post the sequence's finish with its first ``count`` tokens."""
@@ -790,31 +745,14 @@ class InFlightEngine:
         self._discard_ahead()
         for seq in self.sequences:
             self._outbox.post(seq.request, ErrorEvent(error))
-        self._token_gaps.clear()  # a step that failed part-way counted some of its rows
+        self.meters.drop_gaps()  # a step that failed part-way counted some of its rows
         self._remove(list(range(len(self.sequences))))
         self._gauges()
 
-    # --- metrics --------------------------------------------------------------------------------
-    def _observe(self, metric: str, value: float, stage: str | None = None) -> None:
-        if self.metrics is not None:
-            self._child(metric, stage).observe(value)
-
-    def _child(self, metric: str, stage: str | None = None) -> Any:
-        """The metric's child for this model (and ``stage``), looked up once (``labels()`` costs
-        more than the observation itself, and the decode loop observes per token; a key of
-        keyword labels cost three times the observation)."""
-        key = (metric, stage)
-        child = self._children.get(key)
-        if child is None:
-            assert self.metrics is not None
-            labels = {} if stage is None else {"stage": stage}
-            child = getattr(self.metrics, metric).labels(model=self.name, **labels)
-            self._children[key] = child
-        return child
-
+    # --- gauges ---------------------------------------------------------------------------------
     def _gauge_queue(self) -> None:
         if self.metrics is not None:
-            self._set("queue_depth", len(self.queue))
+            self.meters.set("queue_depth", len(self.queue))
 
     def _gauges(self) -> None:
         if self.metrics is None:
@@ -822,14 +760,9 @@ class InFlightEngine:
         self._gauged_at, self._gauges_due = self.clock(), False
         self._gauge_queue()
         tokens = self.cache.tokens
-        self._set("active_sequences", len(self.sequences))
-        self._set("kv_cache_tokens", tokens)
-        self._set("kv_cache_usage", tokens / self.cache.capacity_tokens)
-
-    def _set(self, gauge: str, value: float) -> None:
-        if self.gauge_board is not None:  # the model's value: all its instances together
-            value = self.gauge_board.update(self.instance, gauge, value)
-        self._child(gauge).set(value)
+        self.meters.set("active_sequences", len(self.sequences))
+        self.meters.set("kv_cache_tokens", tokens)
+        self.meters.set("kv_cache_usage", tokens / self.cache.capacity_tokens)
 
 
 def _deadline_error(name: str) -> DeadlineExceeded:
