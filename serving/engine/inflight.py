@@ -435,13 +435,14 @@ class InFlightEngine:
         self.meters.observe("batch_size", len(rows), stage="decoder_step")
         greedy = self._greedy_tokens(sequences, logits, offsets, done, layout.first)
         finished: list[int] = []
+        moves: list[tuple[np.ndarray, np.ndarray]] = []  # beams' (rows, rows they continue)
         for index, seq in enumerate(sequences):
             first = offsets[index]
             if seq.beam is not None:
                 if self._advance_beam(seq, logits[first : first + counts[index]], now):
                     finished.append(index)
                 else:  # new beam i continues old beam parents[i]
-                    self.cache.reorder(seq.rows, seq.rows[seq.parents])
+                    moves.append((seq.rows, seq.rows[seq.parents]))
                 continue
             token = greedy.get(index, -1)
             if token < 0:  # sampling, or a greedy row its sampler must decide
@@ -449,6 +450,9 @@ class InFlightEngine:
                 token = seq.sampler.choose(logits[first], int(done[index]))
             if self._advance(seq, token, now):
                 finished.append(index)
+        if moves:  # every request's beams in one copy (rows of requests never overlap)
+            rows, sources = zip(*moves, strict=True)
+            self.cache.reorder(np.concatenate(rows), np.concatenate(sources))
         layout.stepped_at = None  # tokens counted per sequence: their times to be read
         self.meters.count_new_tokens(now)
         if finished:

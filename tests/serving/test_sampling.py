@@ -142,6 +142,64 @@ def test_log_softmax_dtypes_and_infinities() -> None:
     np.testing.assert_allclose(log_softmax(np.zeros((2, 4)), axis=0), np.log(0.5))
 
 
+def _log_softmax_reference(x: np.ndarray) -> np.ndarray:
+    """The formula before its passes were trimmed (2026-11-28): every value must stay the same."""
+    x = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
+    top = np.max(x, axis=-1, keepdims=True)
+    top = np.where(np.isfinite(top), top, 0.0)
+    shifted = x - top
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+        out = shifted - lse
+    return np.where(np.isneginf(lse), -np.inf, out).astype(x.dtype, copy=False)
+
+
+LOGITS = hnp.arrays(
+    st.sampled_from([np.float16, np.float32, np.float64]),
+    hnp.array_shapes(min_dims=2, max_dims=2, max_side=40),
+    elements=st.one_of(
+        st.floats(-60, 60, width=16),
+        st.sampled_from([-np.inf, np.inf, np.nan]),
+    ),
+)
+
+
+@given(LOGITS)
+@settings(max_examples=300, deadline=None)
+def test_log_softmax_and_clean_logits_keep_every_value(logits: np.ndarray) -> None:
+    """Bit for bit what the formulas gave before (beam search's scores depend on them)."""
+    cleaned = sampling.clean_logits(logits)
+    reference = np.nan_to_num(
+        np.array(logits, dtype=np.float64),
+        nan=-np.inf,
+        posinf=np.finfo(np.float64).max,
+        neginf=-np.inf,
+    )
+    np.testing.assert_array_equal(cleaned, reference)
+    assert cleaned.dtype == np.float64 and not np.shares_memory(cleaned, logits)
+    for x in (cleaned, logits):
+        with np.errstate(invalid="ignore", over="ignore"):
+            expected = _log_softmax_reference(np.asarray(x))
+            got = log_softmax(x)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+@given(
+    st.lists(st.sampled_from([-np.inf, -2.0, -1.0, 0.0, 0.5, 3.0]), min_size=1, max_size=3000),
+    st.integers(1, 24),
+    st.sampled_from([4, 16, 128]),
+)
+@settings(max_examples=300, deadline=None)
+def test_top_indices_are_the_largest_with_ties_by_lower_index(
+    values: list[float], count: int, block: int
+) -> None:
+    """Against a full sort by (value descending, index ascending), on values full of ties."""
+    array = np.asarray(values)
+    expected = np.lexsort((np.arange(array.size), -array))[:count]
+    np.testing.assert_array_equal(sampling.top_indices(array, count, block), expected)
+
+
 # --- greedy and seeding ------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_greedy_is_argmax(dtype: type) -> None:
