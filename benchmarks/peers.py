@@ -2,7 +2,8 @@
 
 Every runner takes the same input, a (batch, source) int64 array of token ids of the random
 Marian model (``benchmarks.marian``), and returns a (batch, new_tokens) array of generated ids:
-exactly ``new_tokens`` per row, EOS suppressed, greedy. Runners are built once and timed many
+exactly ``new_tokens`` per row, EOS suppressed, greedy (or the best of a beam search with
+``beam_size`` > 1: ``benchmarks.beam_search``). Runners are built once and timed many
 times; ``run`` must do the whole job (encode and every decoder step) and nothing else.
 """
 
@@ -119,7 +120,8 @@ def ct2_forced_isas(cpu_model: str, flags: set[str]) -> list[str]:
 
 
 class CTranslate2Runner(Runner):
-    """``ctranslate2.Translator.translate_batch`` on token strings, min = max decoding length."""
+    """``ctranslate2.Translator.translate_batch`` on token strings, min = max decoding length
+    (greedy, or ``beam_size`` beams)."""
 
     def __init__(
         self,
@@ -131,6 +133,7 @@ class CTranslate2Runner(Runner):
         intra_threads: int,
         device: str = "cpu",
         cpu_isa: str | None = None,
+        beam_size: int = 1,
     ) -> None:
         if cpu_isa is not None:
             # CTranslate2 reads it once per process, when it first picks its CPU kernels
@@ -159,8 +162,10 @@ class CTranslate2Runner(Runner):
                 "intra_threads": intra_threads,
                 "device": device,
                 "cpu_isa": cpu_isa or "auto",
+                "beam_size": beam_size,
             },
         )
+        self.beam_size = beam_size
         self.translator = ctranslate2.Translator(
             str(model_dir),
             device=device,
@@ -179,7 +184,7 @@ class CTranslate2Runner(Runner):
         per_worker = max(1, math.ceil(len(batch) / self.inter_threads))
         results = self.translator.translate_batch(
             batch,
-            beam_size=1,
+            beam_size=self.beam_size,
             max_batch_size=per_worker,
             batch_type="examples",
             min_decoding_length=self.new_tokens,
@@ -215,7 +220,8 @@ def hf_name(use_cache: bool, precision: str = "fp32") -> str:
 
 
 class HFGenerateRunner(Runner):
-    """``MarianMTModel.generate``: greedy, min_new_tokens = max_new_tokens, with / without cache."""
+    """``MarianMTModel.generate``: greedy (or ``num_beams``), min_new_tokens = max_new_tokens,
+    with / without cache."""
 
     def __init__(
         self,
@@ -225,8 +231,10 @@ class HFGenerateRunner(Runner):
         threads: int,
         device: str = "cpu",
         precision: str = "fp32",
+        beam_size: int = 1,
     ) -> None:
-        """``precision`` fp16: the model in half precision (on CUDA)."""
+        """``precision`` fp16: the model in half precision (on CUDA); ``beam_size`` > 1: beam
+        search (``num_beams``), the best hypothesis returned."""
         import torch
         import transformers
 
@@ -242,8 +250,10 @@ class HFGenerateRunner(Runner):
                 "use_cache": use_cache,
                 "torch_threads": threads,
                 "device": device,
+                "beam_size": beam_size,
             },
         )
+        self.beam_size = beam_size
         torch.set_num_threads(threads)
         self.torch = torch
         self.device = device
@@ -264,7 +274,7 @@ class HFGenerateRunner(Runner):
                 max_new_tokens=self.new_tokens,
                 min_new_tokens=self.new_tokens,
                 do_sample=False,
-                num_beams=1,
+                num_beams=self.beam_size,
                 use_cache=self.use_cache,
             )
         if self.device == "cuda":

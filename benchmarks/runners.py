@@ -52,7 +52,7 @@ class RunnerSpec:
     """How to build one runner: picklable, so a worker process can build it."""
 
     name: str
-    factory: str  # attnserve | ctranslate2 | hf
+    factory: str  # attnserve | attnserve-beam | ctranslate2 | hf
     kwargs: dict[str, Any]
 
 
@@ -60,6 +60,10 @@ def make_runner(spec: RunnerSpec) -> Runner:
     """Build the runner ``spec`` describes (raises Unavailable when it cannot run here)."""
     if spec.factory == "attnserve":
         return AttnServeRunner(**spec.kwargs)
+    if spec.factory == "attnserve-beam":  # benchmarks.beam_search
+        from benchmarks.beam_runner import AttnServeBeamRunner
+
+        return AttnServeBeamRunner(**spec.kwargs)
     if spec.factory == "ctranslate2":
         return CTranslate2Runner(**spec.kwargs)
     if spec.factory == "hf":

@@ -1,0 +1,97 @@
+"""attnserve's beam search as ``benchmarks.beam_search`` times it: the served engine itself.
+
+Beam search lives in the in-flight engine (``BeamSearch`` per request, the cache rows of its beams
+reordered through ``cache_copy`` after each step), so this runner loads an exported entry as the
+server does (``make_backend``, ``serve``, the server's ONNX Runtime settings), starts its engine
+and submits one request per source row with ``beam_size`` beams and exactly ``new_tokens`` new
+tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a batch of clients would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.peers import Runner
+
+
+class AttnServeBeamRunner(Runner):
+    """The served engine's beam search over ``entry`` (the CPU; ``threads`` intra-op threads, or
+    ``instances`` engines sharing them, ``batching.instances``), with cache rows for ``max_batch``
+    requests of ``beam_size`` beams (per instance)."""
+
+    def __init__(
+        self,
+        entry: Path,
+        precision: str,
+        new_tokens: int,
+        beam_size: int,
+        threads: int,
+        max_batch: int,
+        instances: int = 1,
+    ) -> None:
+        from benchmarks.serve_offline import served_config
+        from contract.repository import resolve_version
+        from serving.repository import make_backends
+        from serving.served import serve
+
+        config = served_config(entry, max(1, threads // instances), "cpu")
+        rows = max_batch * beam_size
+        batching = replace(
+            config.batching,
+            instances=instances,
+            max_batch_size=max_batch,
+            max_active_sequences=max(rows, config.batching.max_active_sequences),
+            token_budget=max(config.batching.token_budget, rows * 2 * new_tokens),
+            max_queue_size=max(config.batching.max_queue_size, max_batch),
+        )
+        limits = replace(
+            config.limits, max_new_tokens=max(config.limits.max_new_tokens, new_tokens)
+        )
+        config = replace(config, batching=batching, limits=limits)
+        version = resolve_version(entry)
+        split = f"-{instances}x{threads // instances}" if instances > 1 else ""
+        super().__init__(
+            name=f"attnserve-{precision}-beam{beam_size}{split}",
+            family="attnserve",
+            precision=precision,
+            label=f"attnserve {precision}, the served engine's beam search ({beam_size} beams)",
+            config={
+                "entry": str(entry),
+                "beam_size": beam_size,
+                "threads": threads,
+                "instances": instances,
+                "max_active_sequences": batching.max_active_sequences,
+                "kv_cache": config.onnxruntime.kv_cache,
+            },
+        )
+        first, *more = make_backends(config, version)
+        self.model: Any = serve(config, version, first, more_backends=more)
+        self.new_tokens = new_tokens
+        self.beam_size = beam_size
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.model.start())
+
+    async def _generate(self, ids: np.ndarray) -> list[Any]:
+        from serving.generation.options import DecodingOptions
+
+        n = self.new_tokens
+        options = DecodingOptions(max_new_tokens=n, min_new_tokens=n, beam_size=self.beam_size)
+        requests = [self.model.request(options, source_ids=row) for row in ids]
+        return list(await asyncio.gather(*(self.model.generate(r) for r in requests)))
+
+    def run(self, ids: np.ndarray) -> np.ndarray:
+        results = self.loop.run_until_complete(self._generate(np.asarray(ids, dtype=np.int64)))
+        out = np.full((len(results), self.new_tokens), -1, dtype=np.int64)
+        for row, result in enumerate(results):
+            tokens = result.token_ids[: self.new_tokens]
+            out[row, : len(tokens)] = tokens
+        return out
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.model.stop())
+        self.loop.close()

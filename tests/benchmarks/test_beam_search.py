@@ -1,0 +1,63 @@
+"""``python -m benchmarks.beam_search``: attnserve's served beam search against CTranslate2 and HF
+``generate`` on the tiny Marian model, each in its own process, and the served engine's beams
+giving HF's best hypotheses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks import beam_search
+
+PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("transformers")
+
+
+@pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
+def test_every_runner_decodes_the_asked_length_and_ratios_are_recorded(tmp_path: Path) -> None:
+    args = ["--tiny", "--precisions", "fp32", "--batches", "2", "--new-tokens", "6"]
+    assert (
+        beam_search.main([*args, "--beam-size", "3", "--repetitions", "1", "--out", str(tmp_path)])
+        == 0
+    )
+    (path,) = tmp_path.glob("beam-search-*-tiny.json")
+    result = json.loads(path.read_text())
+    assert result["beam_size"] == 3 and result["new_tokens"] == 6
+    (point,) = result["points"]
+    rates = point["new_tokens_per_s"]
+    assert "attnserve-fp32-beam3" in rates and "hf-generate-kv" in rates
+    assert any(name.startswith("ctranslate2-fp32-") for name in rates)
+    assert all(rate > 0 for rate in rates.values())
+    for runs in point["runs"].values():  # every engine gave 2 rows of exactly 6 tokens
+        assert runs["output_shape"] == [2, 6] and len(runs["runs_s"]) == 1
+    best_ct2 = max(r for n, r in rates.items() if n.startswith("ctranslate2-"))
+    ours = max(r for n, r in rates.items() if n.startswith("attnserve-"))
+    assert point["vs_ctranslate2"] == pytest.approx(ours / best_ct2, 1e-2)
+    assert point["vs_hf"] == pytest.approx(ours / rates["hf-generate-kv"], 1e-2)
+
+
+@pytest.mark.skipif(not PEERS, reason="needs transformers (the reference)")
+def test_the_served_beams_give_hf_generates_best_hypotheses() -> None:
+    """The runner's tokens are the served engine's beam search, not a stand-in: on the tiny
+    random Marian model they equal HF's 4-beam ``generate`` with the same fixed length."""
+    from benchmarks.attnserve_runner import export_attnserve
+    from benchmarks.beam_runner import AttnServeBeamRunner
+    from benchmarks.marian import TINY, build_marian, default_cache, source_ids
+    from benchmarks.peers import HFGenerateRunner
+
+    cache = default_cache()
+    marian_dir = build_marian(cache, TINY)
+    entry = export_attnserve(marian_dir, cache, TINY, "fp32", fast_int8=True)
+    ids = source_ids(np.random.default_rng(3), 3, 8, TINY)
+    ours = AttnServeBeamRunner(entry, "fp32", 7, 4, threads=1, max_batch=3)
+    try:
+        served = ours.run(ids)
+    finally:
+        ours.close()
+    hf = HFGenerateRunner(marian_dir, 7, use_cache=True, threads=1, beam_size=4)
+    reference = hf.run(ids)
+    assert served.shape == reference.shape == (3, 7)
+    np.testing.assert_array_equal(served, reference)
