@@ -200,6 +200,44 @@ def test_top_indices_are_the_largest_with_ties_by_lower_index(
     np.testing.assert_array_equal(sampling.top_indices(array, count, block), expected)
 
 
+@given(
+    hnp.arrays(
+        np.float64,
+        st.integers(1, 600),
+        elements=st.one_of(st.floats(-700, 50), st.just(-np.inf)),
+    ),
+    st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_exp_from_max_and_draw_keep_every_value(row: np.ndarray, seed: int) -> None:
+    """``exp(x - max)`` computed only where x is finite gives the same values, so a draw takes
+    the token the plain formula took (same seed), whatever share of the row is -inf."""
+    if not np.isfinite(row).any():
+        row = np.append(row, 0.0)
+    with np.errstate(under="ignore"):
+        expected = np.exp(row - row.max())
+        np.testing.assert_array_equal(sampling._exp_from_max(row), expected)
+        cumulative = np.cumsum(expected)
+        target = np.random.default_rng(seed).random() * cumulative[-1]
+        token = int(np.searchsorted(cumulative, target, side="right"))
+        if token >= expected.size:
+            token = int(np.flatnonzero(expected)[-1])
+        assert sampling.draw(row, np.random.default_rng(seed)) == token
+
+
+@given(
+    hnp.arrays(
+        np.float64, st.integers(1, 3000), elements=st.sampled_from([-np.inf, -1.0, 0.0, 2.5])
+    ),
+    st.integers(1, 300),
+)
+@settings(max_examples=300, deadline=None)
+def test_kth_largest_is_what_a_full_partition_gives(values: np.ndarray, k: int) -> None:
+    k = min(k, values.size)
+    expected = np.partition(values, values.size - k)[values.size - k]
+    assert sampling.kth_largest(values, k) == expected
+
+
 # --- greedy and seeding ------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_greedy_is_argmax(dtype: type) -> None:
