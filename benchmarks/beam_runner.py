@@ -2,7 +2,8 @@
 
 Beam search lives in the in-flight engine (``BeamSearch`` per request, the cache rows of its beams
 reordered through ``cache_copy`` after each step), so this runner loads an exported entry as the
-server does (``make_backend``, ``serve``, the server's ONNX Runtime settings), starts its engine
+server does (``make_backends``, ``serve``, the server's ONNX Runtime settings for the device),
+starts its engine
 and submits one request per source row with ``beam_size`` beams and exactly ``new_tokens`` new
 tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a batch of clients would.
 """
@@ -20,9 +21,9 @@ from benchmarks.peers import Runner
 
 
 class AttnServeBeamRunner(Runner):
-    """The served engine's beam search over ``entry`` (the CPU; ``threads`` intra-op threads, or
-    ``instances`` engines sharing them, ``batching.instances``), with cache rows for ``max_batch``
-    requests of ``beam_size`` beams (per instance)."""
+    """The served engine's beam search over ``entry`` on ``device`` (``threads`` intra-op
+    threads, or ``instances`` engines sharing them, ``batching.instances``), with cache rows for
+    ``max_batch`` requests of ``beam_size`` beams (per instance)."""
 
     def __init__(
         self,
@@ -33,13 +34,14 @@ class AttnServeBeamRunner(Runner):
         threads: int,
         max_batch: int,
         instances: int = 1,
+        device: str = "cpu",
     ) -> None:
         from benchmarks.serve_offline import served_config
         from contract.repository import resolve_version
         from serving.repository import make_backends
         from serving.served import serve
 
-        config = served_config(entry, max(1, threads // instances), "cpu")
+        config = served_config(entry, max(1, threads // instances), device)
         rows = max_batch * beam_size
         batching = replace(
             config.batching,
@@ -65,6 +67,7 @@ class AttnServeBeamRunner(Runner):
                 "beam_size": beam_size,
                 "threads": threads,
                 "instances": instances,
+                "device": device,
                 "max_active_sequences": batching.max_active_sequences,
                 "kv_cache": config.onnxruntime.kv_cache,
             },

@@ -2,21 +2,23 @@
 
     python -m benchmarks.beam_search [--beam-size 4] [--precisions fp32,int8] [--batches 1,8]
                                      [--new-tokens 32] [--repetitions 3] [--out DIR] [--tiny]
+                                     [--device cuda --precisions fp32,fp16]
 
 `attnserve bench engine` times greedy decoding. Translation users often ask for beams
 (CTranslate2's ``translate_batch`` defaults to 2, Marian's generation configs to 4), so this probe
 times beam search on the engine benchmark's random Marian model (Marian-base shape, or the CI's
 tiny one with ``--tiny``), exported and converted into the benchmark cache once: attnserve's
-served engine (``benchmarks.beam_runner``; the CPU) with all threads and, as one engine per thread
-(``batching.instances``), as CTranslate2's N x 1 split, CTranslate2 per precision with each thread
-split (and, on an AMD CPU with AVX-512, also with its AVX-512 kernels forced, as the engine
-benchmark does), and HF ``generate(num_beams=...)`` with its KV cache for fp32. Every runner
+served engine (``benchmarks.beam_runner``) with all threads and, on the CPU, as one engine per
+thread (``batching.instances``), as CTranslate2's N x 1 split, CTranslate2 per precision with each
+thread split (and, on an AMD CPU with AVX-512, also with its AVX-512 kernels forced, as the engine
+benchmark does), and HF ``generate(num_beams=...)`` with its KV cache for fp32 (and fp16 on a
+GPU, ``--device cuda``, where CTranslate2 runs one translation of one thread). Every runner
 lives in its own process and decodes exactly ``--new-tokens`` tokens per row (the minimum length
 set to the maximum) for ``--batches`` source rows of 24 tokens; the runners alternate within
 each of ``--repetitions`` rounds after a warm-up. Writes ``benchmarks/results/beam-search-*.json``:
 per (precision, batch) each runner's new tokens/s of the median round (one row's best hypothesis
 counts its tokens once) and the best attnserve runner's ratios to the best CTranslate2 runner
-and to HF, with the machine.
+and to HF, the runners that could not run here with the reason, and the machine.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import multiprocessing
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -36,10 +39,16 @@ SOURCE_TOKENS = 24
 
 
 def runner_specs(
-    precisions: tuple[str, ...], beam_size: int, new_tokens: int, max_batch: int, tiny: bool
+    precisions: tuple[str, ...],
+    beam_size: int,
+    new_tokens: int,
+    max_batch: int,
+    tiny: bool,
+    device: str = "cpu",
+    skipped: list[dict[str, str]] | None = None,
 ) -> list[Any]:
     """The runners to build (exports and conversions done, cached): attnserve, CTranslate2 and,
-    for fp32, HF per precision."""
+    for fp32 and fp16, HF per precision; peers that cannot run here land in ``skipped``."""
     from benchmarks.attnserve_runner import export_attnserve
     from benchmarks.machine import cpu_model_and_flags
     from benchmarks.marian import BASE, TINY, build_marian, default_cache, vocabulary
@@ -48,21 +57,29 @@ def runner_specs(
         convert_ctranslate2,
         ct2_forced_isas,
         ct2_name,
+        ctranslate2_available,
+        hf_available,
+        hf_name,
         thread_splits,
     )
     from benchmarks.runners import RunnerSpec
 
     shape, cache = (TINY if tiny else BASE), default_cache()
-    threads = multiprocessing.cpu_count()
+    threads = len(os.sched_getaffinity(0))
     marian_dir = build_marian(cache, shape)
+    on_cpu = device == "cpu"
+    skipped = skipped if skipped is not None else []
+    no_ct2, no_hf = ctranslate2_available(device), hf_available(device)
     specs = []
     for precision in precisions:
         entry = export_attnserve(marian_dir, cache, shape, precision, fast_int8=tiny)
         beam = {"new_tokens": new_tokens, "beam_size": beam_size}
-        for instances in sorted({1, threads}):  # one engine, and one per thread (as CT2's N x 1)
+        # one engine, and on the CPU one per thread (as CTranslate2's N x 1)
+        for instances in sorted({1, threads if on_cpu else 1}):
             kwargs = {
                 "entry": entry,
                 "precision": precision,
+                "device": device,
                 "threads": threads,
                 "max_batch": max_batch,
                 "instances": instances,
@@ -71,22 +88,41 @@ def runner_specs(
             name = f"attnserve-{precision}-beam{beam_size}"
             name += f"-{instances}x1" if instances > 1 else ""
             specs.append(RunnerSpec(name, "attnserve-beam", kwargs))
-        model_dir = convert_ctranslate2(marian_dir, cache, CT2_TYPES[precision])
-        isas: list[str | None] = [None, *ct2_forced_isas(*cpu_model_and_flags())]
-        for isa, (inter, intra) in itertools.product(isas, thread_splits(threads)):
+        if no_ct2 is None:
+            model_dir = convert_ctranslate2(marian_dir, cache, CT2_TYPES[precision])
+            isas: list[str | None] = [None]
+            if on_cpu:
+                isas += ct2_forced_isas(*cpu_model_and_flags())
+            splits = thread_splits(threads) if on_cpu else [(1, 1)]
+            for isa, (inter, intra) in itertools.product(isas, splits):
+                kwargs = {
+                    "model_dir": model_dir,
+                    "vocabulary": vocabulary(shape),
+                    "precision": precision,
+                    "inter_threads": inter,
+                    "intra_threads": intra,
+                    "device": device,
+                    "cpu_isa": isa,
+                    **beam,
+                }
+                name = ct2_name(precision, inter, intra, isa)
+                specs.append(RunnerSpec(name, "ctranslate2", kwargs))
+        else:
+            skipped.append({"engine": f"ctranslate2-{precision}", "reason": no_ct2})
+        if precision in ("fp32", "fp16"):
+            name = hf_name(True, precision)
+            if no_hf is not None:
+                skipped.append({"engine": name, "reason": no_hf})
+                continue
             kwargs = {
-                "model_dir": model_dir,
-                "vocabulary": vocabulary(shape),
+                "marian_dir": marian_dir,
+                "use_cache": True,
+                "threads": threads,
+                "device": device,
                 "precision": precision,
-                "inter_threads": inter,
-                "intra_threads": intra,
-                "cpu_isa": isa,
                 **beam,
             }
-            specs.append(RunnerSpec(ct2_name(precision, inter, intra, isa), "ctranslate2", kwargs))
-        if precision == "fp32":
-            kwargs = {"marian_dir": marian_dir, "use_cache": True, "threads": threads, **beam}
-            specs.append(RunnerSpec("hf-generate-kv", "hf", kwargs))
+            specs.append(RunnerSpec(name, "hf", kwargs))
     return specs
 
 
@@ -114,15 +150,15 @@ def points_of(
         name: round(batch * new_tokens / statistics.median(t["runs_s"]), 1)
         for name, t in timed.items()
     }
-    ours = max(rate for name, rate in rates.items() if name.startswith("attnserve-"))
+    ours = max((rate for name, rate in rates.items() if name.startswith("attnserve-")), default=0)
     ct2 = max((rate for name, rate in rates.items() if name.startswith("ctranslate2-")), default=0)
-    hf = rates.get("hf-generate-kv")
+    hf = next((rate for name, rate in rates.items() if name.startswith("hf-generate-kv")), None)
     return {
         "precision": precision,
         "batch": batch,
         "new_tokens_per_s": rates,
-        "vs_ctranslate2": round(ours / ct2, 3) if ct2 else None,
-        "vs_hf": round(ours / hf, 3) if hf else None,
+        "vs_ctranslate2": round(ours / ct2, 3) if ours and ct2 else None,
+        "vs_hf": round(ours / hf, 3) if ours and hf else None,
         "runs": timed,
     }
 
@@ -134,14 +170,18 @@ def measure(
     new_tokens: int,
     repetitions: int,
     tiny: bool,
+    device: str = "cpu",
+    skipped: list[dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
+    """The points per (precision, batch); runners that cannot run here land in ``skipped``."""
     from benchmarks.marian import BASE, TINY, source_ids
     from benchmarks.peers import Unavailable
     from benchmarks.runners import IsolatedRunner
 
     shape = TINY if tiny else BASE
     context = multiprocessing.get_context("spawn")
-    specs = runner_specs(precisions, beam_size, new_tokens, max(batches), tiny)
+    skipped = skipped if skipped is not None else []
+    specs = runner_specs(precisions, beam_size, new_tokens, max(batches), tiny, device, skipped)
     started = [IsolatedRunner(spec, context) for spec in specs]
     runners = []
     for runner in started:
@@ -149,15 +189,14 @@ def measure(
             runners.append(runner.wait_ready())
             log(f"loaded {runner.name}")
         except Unavailable as err:
+            skipped.append({"engine": runner.spec.name, "reason": str(err)})
             log(f"skipping {runner.spec.name}: {err}")
     rng = np.random.default_rng(0)
     points = []
     try:
         for precision, batch in itertools.product(precisions, batches):
             ids = source_ids(rng, batch, SOURCE_TOKENS, shape)
-            mine = [r for r in runners if r.precision == precision or r.family == "hf"]
-            if precision != "fp32":
-                mine = [r for r in mine if r.family != "hf"]
+            mine = [r for r in runners if r.precision == precision]
             log(f"{precision}, batch {batch}: {len(mine)} runners")
             points.append(
                 points_of(precision, batch, new_tokens, time_runners(mine, ids, repetitions))
@@ -177,13 +216,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=3)
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "beam-search")
     parser.add_argument("--tiny", action="store_true", help="the CI's tiny Marian model")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: ONNX Runtime's CUDA provider, CTranslate2 and HF on the GPU (fp32, fp16)",
+    )
     args = parser.parse_args(argv)
     precisions = tuple(p for p in args.precisions.split(",") if p)
     batches = tuple(int(b) for b in args.batches.split(",") if b)
-    if not 2 <= args.beam_size <= 8 or set(precisions) - {"fp32", "int8"} or not batches:
-        parser.error("--beam-size takes 2-8, --precisions fp32 and/or int8, --batches sizes")
+    allowed = {"cpu": {"fp32", "int8"}, "cuda": {"fp32", "fp16"}}[args.device]
+    if not 2 <= args.beam_size <= 8 or set(precisions) - allowed or not precisions or not batches:
+        parser.error(
+            f"--beam-size takes 2-8, --precisions some of {', '.join(sorted(allowed))} on "
+            f"{args.device}, --batches sizes"
+        )
+    skipped: list[dict[str, str]] = []
     points = measure(
-        precisions, args.beam_size, batches, args.new_tokens, args.repetitions, args.tiny
+        precisions,
+        args.beam_size,
+        batches,
+        args.new_tokens,
+        args.repetitions,
+        args.tiny,
+        args.device,
+        skipped,
     )
     write_probe(
         "beam-search",
@@ -191,9 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         args.tiny,
         0.0,
+        args.device,
         beam_size=args.beam_size,
         new_tokens=args.new_tokens,
         source_tokens=SOURCE_TOKENS,
+        skipped=skipped,
     )
     return 0
 

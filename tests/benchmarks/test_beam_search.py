@@ -61,3 +61,29 @@ def test_the_served_beams_give_hf_generates_best_hypotheses() -> None:
     reference = hf.run(ids)
     assert served.shape == reference.shape == (3, 7)
     np.testing.assert_array_equal(served, reference)
+
+
+def test_cuda_runs_or_says_why_not(tmp_path: Path) -> None:
+    """On a GPU every engine runs; elsewhere each is skipped with its reason, and the file is
+    written either way."""
+    args = ["--tiny", "--device", "cuda", "--precisions", "fp16", "--batches", "1"]
+    assert (
+        beam_search.main([*args, "--new-tokens", "4", "--repetitions", "1", "--out", str(tmp_path)])
+        == 0
+    )
+    (path,) = tmp_path.glob("beam-search-*-tiny.json")
+    result = json.loads(path.read_text())
+    (point,) = result["points"]
+    ran = set(point["new_tokens_per_s"])
+    skipped = {entry["engine"]: entry["reason"] for entry in result["skipped"]}
+    for engine in ("attnserve-fp16-beam4", "hf-generate-kv-fp16"):
+        assert (engine in ran) != (engine in skipped)
+    assert all(reason for reason in skipped.values())
+    assert ran or point["vs_ctranslate2"] is None
+
+
+def test_options_outside_their_ranges_are_refused() -> None:
+    for args in (["--beam-size", "1"], ["--precisions", "fp16"], ["--device", "cuda"]):
+        with pytest.raises(SystemExit) as exit_:
+            beam_search.main(args)  # int8 (a default) is not measured on CUDA
+        assert exit_.value.code == 2
