@@ -127,14 +127,23 @@ def runner_specs(
 
 
 def time_runners(
-    runners: list[Any], ids: np.ndarray, repetitions: int
+    runners: list[Any], ids: np.ndarray, repetitions: int, failed: list[dict[str, str]]
 ) -> dict[str, dict[str, Any]]:
     """Per runner: the rounds' seconds (one warm-up first), alternating the runners per round,
-    and its output's shape check."""
-    times: dict[str, list[float]] = {r.name: [] for r in runners}
+    and its output's shape check. A runner whose warm-up fails lands in ``failed`` with the
+    error and is left out of the rounds."""
     shapes: dict[str, list[int]] = {}
+    working = []
     for runner in runners:
-        shapes[runner.name] = list(runner.run(ids).shape)  # warm-up
+        try:
+            shapes[runner.name] = list(runner.run(ids).shape)  # warm-up
+        except Exception as err:  # e.g. a provider that cannot run this step
+            failed.append({"engine": runner.name, "reason": f"{type(err).__name__}: {err}"})
+            log(f"{runner.name} failed: {err}")
+            continue
+        working.append(runner)
+    runners = working
+    times: dict[str, list[float]] = {r.name: [] for r in runners}
     for _ in range(repetitions):
         for runner in runners:
             seconds, _ = runner.timed_run(ids)
@@ -199,7 +208,9 @@ def measure(
             mine = [r for r in runners if r.precision == precision]
             log(f"{precision}, batch {batch}: {len(mine)} runners")
             points.append(
-                points_of(precision, batch, new_tokens, time_runners(mine, ids, repetitions))
+                points_of(
+                    precision, batch, new_tokens, time_runners(mine, ids, repetitions, skipped)
+                )
             )
     finally:
         for runner in runners:

@@ -87,3 +87,25 @@ def test_options_outside_their_ranges_are_refused() -> None:
         with pytest.raises(SystemExit) as exit_:
             beam_search.main(args)  # int8 (a default) is not measured on CUDA
         assert exit_.value.code == 2
+
+
+def test_a_runner_that_fails_is_recorded_and_the_rest_are_timed() -> None:
+    class Works:
+        name = "works"
+
+        def run(self, ids: np.ndarray) -> np.ndarray:
+            return np.zeros((len(ids), 3), dtype=np.int64)
+
+        def timed_run(self, ids: np.ndarray) -> tuple[float, np.ndarray]:
+            return 0.5, self.run(ids)
+
+    class Fails(Works):
+        name = "fails"
+
+        def run(self, ids: np.ndarray) -> np.ndarray:
+            raise RuntimeError("no kernel for this step")
+
+    failed: list[dict[str, str]] = []
+    timed = beam_search.time_runners([Fails(), Works()], np.zeros((2, 4)), 2, failed)
+    assert set(timed) == {"works"} and timed["works"]["runs_s"] == [0.5, 0.5]
+    assert failed == [{"engine": "fails", "reason": "RuntimeError: no kernel for this step"}]
