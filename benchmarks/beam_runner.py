@@ -3,9 +3,9 @@
 Beam search lives in the in-flight engine (``BeamSearch`` per request, the cache rows of its beams
 reordered through ``cache_copy`` after each step), so this runner loads an exported entry as the
 server does (``make_backends``, ``serve``, the server's ONNX Runtime settings for the device),
-starts its engine
-and submits one request per source row with ``beam_size`` beams and exactly ``new_tokens`` new
-tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a batch of clients would.
+starts its engine and submits one request per source row with ``beam_size`` beams and exactly
+``new_tokens`` new tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a batch of
+clients would.
 """
 
 from __future__ import annotations
