@@ -20,6 +20,13 @@ import numpy as np
 from benchmarks.peers import Runner
 
 
+def beam_runner_name(precision: str, beam_size: int, instances: int, threads: int) -> str:
+    """The results' key, e.g. ``attnserve-int8-beam4`` or, for one-thread instances,
+    ``attnserve-int8-beam4-2x1``."""
+    split = f"-{instances}x{threads // instances}" if instances > 1 else ""
+    return f"attnserve-{precision}-beam{beam_size}{split}"
+
+
 class AttnServeBeamRunner(Runner):
     """The served engine's beam search over ``entry`` on ``device`` (``threads`` intra-op
     threads, or ``instances`` engines sharing them, ``batching.instances``), with cache rows for
@@ -56,9 +63,8 @@ class AttnServeBeamRunner(Runner):
         )
         config = replace(config, batching=batching, limits=limits)
         version = resolve_version(entry)
-        split = f"-{instances}x{threads // instances}" if instances > 1 else ""
         super().__init__(
-            name=f"attnserve-{precision}-beam{beam_size}{split}",
+            name=beam_runner_name(precision, beam_size, instances, threads),
             family="attnserve",
             precision=precision,
             label=f"attnserve {precision}, the served engine's beam search ({beam_size} beams)",

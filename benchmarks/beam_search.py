@@ -47,82 +47,49 @@ def runner_specs(
     device: str = "cpu",
     skipped: list[dict[str, str]] | None = None,
 ) -> list[Any]:
-    """The runners to build (exports and conversions done, cached): attnserve, CTranslate2 and,
-    for fp32 and fp16, HF per precision; peers that cannot run here land in ``skipped``."""
+    """The runners to build (exports and conversions done, cached): attnserve, and the engine
+    benchmark's CTranslate2 runners and HF ``generate`` with its KV cache (fp32, fp16), each
+    given ``beam_size``; peers that cannot run here land in ``skipped``."""
     from benchmarks.attnserve_runner import export_attnserve
-    from benchmarks.machine import cpu_model_and_flags
-    from benchmarks.marian import BASE, TINY, build_marian, default_cache, vocabulary
-    from benchmarks.peers import (
-        CT2_TYPES,
-        convert_ctranslate2,
-        ct2_forced_isas,
-        ct2_name,
-        ctranslate2_available,
-        hf_available,
-        hf_name,
-        thread_splits,
-    )
-    from benchmarks.runners import RunnerSpec
+    from benchmarks.beam_runner import beam_runner_name
+    from benchmarks.engine_settings import EngineSettings
+    from benchmarks.marian import BASE, TINY, build_marian, default_cache
+    from benchmarks.peers import hf_name
+    from benchmarks.runners import RunnerSpec, ctranslate2_specs, hf_specs
 
     shape, cache = (TINY if tiny else BASE), default_cache()
     threads = len(os.sched_getaffinity(0))
     marian_dir = build_marian(cache, shape)
-    on_cpu = device == "cpu"
     skipped = skipped if skipped is not None else []
-    no_ct2, no_hf = ctranslate2_available(device), hf_available(device)
+    settings = EngineSettings(
+        shape=shape, new_tokens=new_tokens, threads=threads, device=device, precisions=precisions
+    )
     specs = []
     for precision in precisions:
         entry = export_attnserve(marian_dir, cache, shape, precision, fast_int8=tiny)
-        beam = {"new_tokens": new_tokens, "beam_size": beam_size}
         # one engine, and on the CPU one per thread (as CTranslate2's N x 1)
-        for instances in sorted({1, threads if on_cpu else 1}):
+        for instances in sorted({1, threads if device == "cpu" else 1}):
             kwargs = {
                 "entry": entry,
                 "precision": precision,
+                "new_tokens": new_tokens,
+                "beam_size": beam_size,
                 "device": device,
                 "threads": threads,
                 "max_batch": max_batch,
                 "instances": instances,
-                **beam,
             }
-            name = f"attnserve-{precision}-beam{beam_size}"
-            name += f"-{instances}x1" if instances > 1 else ""
+            name = beam_runner_name(precision, beam_size, instances, threads)
             specs.append(RunnerSpec(name, "attnserve-beam", kwargs))
-        if no_ct2 is None:
-            model_dir = convert_ctranslate2(marian_dir, cache, CT2_TYPES[precision])
-            isas: list[str | None] = [None]
-            if on_cpu:
-                isas += ct2_forced_isas(*cpu_model_and_flags())
-            splits = thread_splits(threads) if on_cpu else [(1, 1)]
-            for isa, (inter, intra) in itertools.product(isas, splits):
-                kwargs = {
-                    "model_dir": model_dir,
-                    "vocabulary": vocabulary(shape),
-                    "precision": precision,
-                    "inter_threads": inter,
-                    "intra_threads": intra,
-                    "device": device,
-                    "cpu_isa": isa,
-                    **beam,
-                }
-                name = ct2_name(precision, inter, intra, isa)
-                specs.append(RunnerSpec(name, "ctranslate2", kwargs))
-        else:
-            skipped.append({"engine": f"ctranslate2-{precision}", "reason": no_ct2})
-        if precision in ("fp32", "fp16"):
-            name = hf_name(True, precision)
-            if no_hf is not None:
-                skipped.append({"engine": name, "reason": no_hf})
-                continue
-            kwargs = {
-                "marian_dir": marian_dir,
-                "use_cache": True,
-                "threads": threads,
-                "device": device,
-                "precision": precision,
-                **beam,
-            }
-            specs.append(RunnerSpec(name, "hf", kwargs))
+    hf_skipped: list[dict[str, str]] = []
+    peers = ctranslate2_specs(settings, marian_dir, cache, skipped) + [
+        spec
+        for spec in hf_specs(settings, marian_dir, hf_skipped)
+        if spec.kwargs["use_cache"] and spec.kwargs["precision"] in precisions
+    ]
+    wanted = {hf_name(True, precision) for precision in precisions}
+    skipped += [entry for entry in hf_skipped if entry["engine"] in wanted]
+    specs += [RunnerSpec(p.name, p.factory, {**p.kwargs, "beam_size": beam_size}) for p in peers]
     return specs
 
 

@@ -16,15 +16,18 @@ from benchmarks import beam_search
 PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("transformers")
 
 
+def probe(out: Path, *args: str) -> dict:
+    """Run the probe on the tiny model, one round, and read the one JSON it wrote."""
+    assert beam_search.main(["--tiny", "--repetitions", "1", "--out", str(out), *args]) == 0
+    (path,) = out.glob("beam-search-*-tiny.json")
+    return json.loads(path.read_text())
+
+
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_every_runner_decodes_the_asked_length_and_ratios_are_recorded(tmp_path: Path) -> None:
-    args = ["--tiny", "--precisions", "fp32", "--batches", "2", "--new-tokens", "6"]
-    assert (
-        beam_search.main([*args, "--beam-size", "3", "--repetitions", "1", "--out", str(tmp_path)])
-        == 0
+    result = probe(
+        tmp_path, "--precisions", "fp32", "--batches", "2", "--new-tokens", "6", "--beam-size", "3"
     )
-    (path,) = tmp_path.glob("beam-search-*-tiny.json")
-    result = json.loads(path.read_text())
     assert result["beam_size"] == 3 and result["new_tokens"] == 6
     (point,) = result["points"]
     rates = point["new_tokens_per_s"]
@@ -66,18 +69,15 @@ def test_the_served_beams_give_hf_generates_best_hypotheses() -> None:
 def test_cuda_runs_or_says_why_not(tmp_path: Path) -> None:
     """On a GPU every engine runs; elsewhere each is skipped with its reason, and the file is
     written either way."""
-    args = ["--tiny", "--device", "cuda", "--precisions", "fp16", "--batches", "1"]
-    assert (
-        beam_search.main([*args, "--new-tokens", "4", "--repetitions", "1", "--out", str(tmp_path)])
-        == 0
+    result = probe(
+        tmp_path, "--device", "cuda", "--precisions", "fp16", "--batches", "1", "--new-tokens", "4"
     )
-    (path,) = tmp_path.glob("beam-search-*-tiny.json")
-    result = json.loads(path.read_text())
     (point,) = result["points"]
     ran = set(point["new_tokens_per_s"])
     skipped = {entry["engine"]: entry["reason"] for entry in result["skipped"]}
     for engine in ("attnserve-fp16-beam4", "hf-generate-kv-fp16"):
         assert (engine in ran) != (engine in skipped)
+    assert not {"hf-generate-kv", "hf-generate-nokv"} & (ran | set(skipped))  # fp16 only
     assert all(reason for reason in skipped.values())
     assert ran or point["vs_ctranslate2"] is None
 
