@@ -309,6 +309,18 @@ class InFlightEngine:
             or len(self.queue) >= self.batching.max_batch_size
         )
 
+    def _joins_within(self, steps: int) -> bool:
+        """A waiting request could join the running batch within the next ``steps`` steps, so
+        that a block of them would hold it back: something waits, and with
+        ``join_interval_steps`` its join is due before they end (or a full encoder batch
+        waits). Without in-flight batching nothing joins a running batch."""
+        if not len(self.queue) or not self.batching.in_flight:
+            return False
+        return (
+            len(self.queue) >= self.batching.max_batch_size
+            or self.steps + steps > self._joined_at + self.batching.join_interval_steps
+        )
+
     def _drop_dead(self) -> None:
         """Cancelled and expired requests leave, waiting or running. Their requests are looked
         at only when one was cancelled or a deadline may have passed: a check of every request
@@ -502,17 +514,17 @@ class InFlightEngine:
             self._ahead = ahead
 
     def _block_due(self, layout: StepLayout, done: np.ndarray) -> bool:
-        """The next greedy steps run as a block: nothing waits to join, every row has its first
-        token (a joiner's comes from a single step, at once), room for the block and, for one
-        row at least, more than one token to go; and the last block did not stop at an
-        undecided pick."""
+        """The next greedy steps run as a block: no waiting request could join before the
+        block's end, every row has its first token (a joiner's comes from a single step, at
+        once), room for the block and, for one row at least, more than one token to go; and the
+        last block did not stop at an undecided pick."""
         if self._single_next:
             self._single_next = False
             return False
         assert self._block is not None
         return (
             self._ahead is None
-            and not len(self.queue)
+            and not self._joins_within(self._block.block_steps)
             and bool(done.all())
             and self._block.block_fits(done)
             and bool((layout.limit - done > 1).any())

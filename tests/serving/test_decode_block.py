@@ -171,6 +171,78 @@ def test_a_nan_pick_stops_the_block_and_the_step_runs_alone(block_entry: Path) -
     assert poisoned and engines[0].blocks >= 2 and engines[0].blocks_cut == 1
 
 
+ARRIVALS = [0, 1, 2, 3, 6, 7, 8]  # the engine's step count at which each request arrives
+
+
+def drive_joins(block_entry: Path, interval: int, block: bool) -> tuple[list, int, list]:
+    """A long request, then short ones arriving at the steps ``ARRIVALS`` names (one submitted
+    before the first iteration that starts at or after its step); the engine's loop driven
+    iteration by iteration with ``join_interval_steps`` = ``interval``. Returns (the step at
+    which requests joined, the blocks run before) for each join, the blocks run in all and
+    every request's finish."""
+    config, runner, cache = picking(block_entry, device_greedy=True)
+    batching = dataclasses.replace(
+        config.batching, max_active_sequences=8, join_interval_steps=interval
+    )
+    engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache, block=block)
+    finishes: dict[int, FinishEvent] = {}
+
+    def submit(key: int) -> None:
+        most = 18 if key == 0 else 6
+        options = DecodingOptions(max_new_tokens=most, min_new_tokens=most)
+        request = GenerationRequest(options=options, source_ids=[7 + key, 8, 9 + 2 * key])
+
+        def listen(chunk: list, key: int = key) -> None:
+            for event in chunk:
+                if isinstance(event, FinishEvent):
+                    finishes[key] = event
+
+        engine.submit(request, listen)
+
+    async def go() -> list:
+        joins: list[tuple[int, int]] = []
+        submitted = 0
+        for _ in range(60):
+            while submitted < len(ARRIVALS) and ARRIVALS[submitted] <= engine.steps:
+                submit(submitted)
+                submitted += 1
+            waiting, steps, blocks = len(engine.queue), engine.steps, engine.blocks
+            engine._iterate()
+            engine._outbox.flush()
+            if len(engine.queue) < waiting:
+                joins.append((steps, blocks))
+            await asyncio.sleep(0)  # the events reach their listeners
+            if len(finishes) == len(ARRIVALS):
+                break
+        await asyncio.sleep(0)
+        return joins
+
+    joins = asyncio.run(go())
+    return joins, engine.blocks, [finishes[key] for key in sorted(finishes)]
+
+
+def test_blocks_run_while_waiting_requests_wait_for_their_join_interval(
+    block_entry: Path,
+) -> None:
+    """With ``join_interval_steps`` above the block's steps, waiting requests do not stop
+    blocks that end before their join is due: they join at the same steps as without blocks
+    (none held back), blocks run in between, and every request decodes the same tokens. With
+    an interval of 1 (the default) a waiting request stops a block."""
+    joins, blocks, ours = drive_joins(block_entry, STEPS + 1, block=True)
+    single_joins, no_blocks, theirs = drive_joins(block_entry, STEPS + 1, block=False)
+    # a block between two joins each time, and the joins at the steps they take without blocks
+    assert joins == [(0, 0), (STEPS + 1, 1), (2 * (STEPS + 1), 2)]
+    assert single_joins == [(0, 0), (STEPS + 1, 0), (2 * (STEPS + 1), 0)] and no_blocks == 0
+    assert blocks > 2
+    assert len(ours) == len(ARRIVALS) and [(e.tokens, e.reason) for e in ours] == [
+        (e.tokens, e.reason) for e in theirs
+    ]
+    # every step: the first four join one by one, a block runs once none waits (steps 4-7),
+    # the next three wait for its end
+    every_step = drive_joins(block_entry, 1, block=True)[0]
+    assert every_step == [(0, 0), (1, 0), (2, 0), (3, 0), (8, 1)]
+
+
 @pytest.mark.parametrize("name", ["float", "kv8"])
 def test_int8_entries_decode_the_same_tokens_in_blocks(
     int8_repository: Path, tmp_path: Path, name: str
