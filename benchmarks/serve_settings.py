@@ -60,6 +60,9 @@ SETUPS = (
     # batching's translator one step per run (batching.decode_block: false; on the CPU the
     # default decodes in blocks)
     "single_steps",
+    # batching's translator in blocks, its waiting requests joining every BLOCK_STEPS + 1 steps
+    # (batching.join_interval_steps) so that a block runs between two joins
+    "block_joins",
     *WIDE_FRONTENDS,
     *CUDA_SETUPS,
 )

@@ -57,6 +57,9 @@ BATCHING_EDITS: dict[str, dict[str, dict[str, Any]]] = {
     # wherever it runs (its entry given a decoder_block graph of BLOCK_STEPS steps if it has none)
     "single_steps": {"translator": {"decode_block": False}},
     "eight_frontends_block": {"translator": {"decode_block": True}},
+    # batching's translator in blocks wherever it runs, waiting requests joining between blocks
+    # (with an interval of 1 a request waiting to join stops every block)
+    "block_joins": {"translator": {"decode_block": True, "join_interval_steps": BLOCK_STEPS + 1}},
     # CUDA only, with ONNXRUNTIME_EDITS: the translator with and without CUDA graphs, the ViT
     # with cuDNN's heuristic convolution search; and the ViT's batches as they come (on CUDA
     # batching.batch_buckets pads them to powers of two by default)

@@ -40,7 +40,8 @@ def test_the_block_setups_give_the_translator_its_block(
 ) -> None:
     """``eight_frontends_block``: a source translator without a decode block graph gets one of
     ``BLOCK_STEPS`` steps (the setups' versions are its symlinks) and the setup's config turns
-    it on wherever it runs; ``single_steps`` turns it off. The ViT is served in neither."""
+    it on wherever it runs; ``single_steps`` turns it off; ``block_joins`` turns it on with joins
+    between blocks. The ViT is served in none."""
     source = tmp_path / "source"
     shutil.copytree(tiny_repository / "translator", source / "translator")
     version = resolve_version(source / "translator")
@@ -56,3 +57,7 @@ def test_the_block_setups_give_the_translator_its_block(
         assert (version / DECODER_BLOCK_FILE).is_file() == block
     assert read_manifest(version)["decoders"]["inplace"]["decode_block"]["steps"] == BLOCK_STEPS
     assert variants[0]["frontend_workers"] == 8
+    repository, variants = setup_repository(source, "block_joins", ("translator",), 2, "cpu", root)
+    batching = read_model_config(repository / "translator").batching
+    assert batching.decode_block is True and batching.join_interval_steps == BLOCK_STEPS + 1
+    assert variants[0]["frontend_workers"] == 1
