@@ -42,7 +42,8 @@ from typing import Literal
 
 import numpy as np
 
-from serving.generation.sampling import clean_logits, log_softmax, top_indices
+from serving.generation.ranking import top_indices
+from serving.generation.sampling import clean_logits, log_softmax
 
 EarlyStopping = bool | Literal["never"]
 

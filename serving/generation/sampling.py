@@ -16,8 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from serving.generation.options import DecodingOptions
+from serving.generation.ranking import NUCLEUS_PREFIX, kth_largest
+from serving.generation.row_draw import float_row, sample_float_row
 
-_NUCLEUS_PREFIX = 256  # top-p first looks at this many best tokens before sorting the vocabulary
+_NUCLEUS_PREFIX = NUCLEUS_PREFIX
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -61,45 +63,6 @@ def clean_logits(logits: np.ndarray) -> np.ndarray:
     return np.nan_to_num(
         x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf
     )
-
-
-def _lower_bound(values: np.ndarray, count: int, block: int) -> float | None:
-    """A lower bound for the ``count``-th largest of the 1-D ``values``: the ``count``-th
-    largest of the maxima of blocks of ``block`` values (the ``count`` blocks whose maxima are
-    at least it hold ``count`` values at least that large); None where that saves nothing."""
-    size = values.size
-    if block < 2 or size // block < 2 * count:
-        return None
-    whole = size - size % block
-    maxima = values[:whole].reshape(-1, block).max(axis=1)
-    if whole < size:
-        maxima = np.append(maxima, values[whole:].max())
-    return float(np.partition(maxima, maxima.size - count)[maxima.size - count])
-
-
-def top_indices(values: np.ndarray, count: int, block: int = 128) -> np.ndarray:
-    """Indices of the ``count`` largest of the 1-D ``values``, largest first, ties by lower
-    index; -inf counts as a value, NaN must not occur.
-
-    Exact, without partitioning the whole array (numpy's ``argpartition`` over a beam step's 4 x
-    8,000 totals took 0.55 ms on a 2-core Zen 4 VM): only the values at or above
-    ``_lower_bound`` (ties included) are sorted.
-    """
-    count = min(count, values.size)
-    bound = _lower_bound(values, count, block)
-    candidates = np.arange(values.size) if bound is None else np.flatnonzero(values >= bound)
-    order = np.lexsort((candidates, -values[candidates]))
-    return candidates[order[:count]]
-
-
-def kth_largest(values: np.ndarray, k: int) -> float:
-    """The ``k``-th largest of the 1-D ``values`` (1 <= k <= size; equal values each count),
-    what ``np.partition(values, size - k)[size - k]`` gives, partitioning only the values at or
-    above ``_lower_bound`` (top-k and top-p over 8,000 logits: 73 µs for numpy's partition of
-    them all on the Zen 4 VM); NaN must not occur."""
-    bound = _lower_bound(values, k, values.size // (4 * k))
-    candidates = values if bound is None else values[values >= bound]
-    return float(np.partition(candidates, candidates.size - k)[candidates.size - k])
 
 
 def filter_logits(
@@ -269,11 +232,12 @@ class RowSampler:
             token = self._greedy(logits_row, generated)
             if token is not None:
                 return token
-        x = clean_logits(logits_row)
-        if x.ndim != 1 or not 0 <= self.eos_id < x.size:
+        if logits_row.ndim != 1 or not 0 <= self.eos_id < logits_row.size:
             raise ValueError(
-                f"expected one row of logits (V,) with eos_id {self.eos_id} < V, got {x.shape}"
+                f"expected one row of logits (V,) with eos_id {self.eos_id} < V, "
+                f"got {logits_row.shape}"
             )
+        x = float_row(logits_row)  # this thread's buffer: clean_logits without a fresh array
         if generated < self.options.min_new_tokens:
             x[self.eos_id] = -np.inf
         x[self.suppress[self.suppress < x.size]] = -np.inf
@@ -281,13 +245,8 @@ class RowSampler:
             return self.eos_id
         if self.options.temperature == 0:
             return int(np.argmax(x))
-        filtered = filter_logits(
-            x,
-            temperature=self.options.temperature,
-            top_k=self.options.top_k,
-            top_p=self.options.top_p,
-        )
-        return draw(filtered, self.rng)
+        options = self.options  # draw(filter_logits(x, ...), rng)'s token, in fewer passes
+        return sample_float_row(x, options.temperature, options.top_k, options.top_p, self.rng)
 
     def _greedy(self, logits_row: np.ndarray, generated: int) -> int | None:
         """Greedy choice without the float64 copy; None where the general path must decide.

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from serving.errors import InvalidArgument
-from serving.generation import sampling
+from serving.generation import ranking, sampling
 from serving.generation.options import DecodingOptions
 from serving.generation.sampling import RowSampler, filter_logits, log_softmax
 
@@ -197,7 +197,7 @@ def test_top_indices_are_the_largest_with_ties_by_lower_index(
     """Against a full sort by (value descending, index ascending), on values full of ties."""
     array = np.asarray(values)
     expected = np.lexsort((np.arange(array.size), -array))[:count]
-    np.testing.assert_array_equal(sampling.top_indices(array, count, block), expected)
+    np.testing.assert_array_equal(ranking.top_indices(array, count, block), expected)
 
 
 @given(
@@ -235,7 +235,7 @@ def test_exp_from_max_and_draw_keep_every_value(row: np.ndarray, seed: int) -> N
 def test_kth_largest_is_what_a_full_partition_gives(values: np.ndarray, k: int) -> None:
     k = min(k, values.size)
     expected = np.partition(values, values.size - k)[values.size - k]
-    assert sampling.kth_largest(values, k) == expected
+    assert ranking.kth_largest(values, k) == expected
 
 
 # --- greedy and seeding ------------------------------------------------------------------------
