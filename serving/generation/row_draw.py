@@ -43,6 +43,7 @@ class _Buffers(threading.local):
 
 
 _BUFFERS = _Buffers()
+PREFIX_GROWTH = 8  # top-p's ranking: the best 256 tokens, then 2,048, 16,384, then all of them
 
 
 def float_row(logits_row: np.ndarray) -> np.ndarray:
@@ -110,7 +111,10 @@ def masked_sum(values: np.ndarray, ids: np.ndarray, size: int) -> float:
 
 
 def _nucleus(x: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray:
-    """The tokens ``sampling._apply_top_p`` keeps (ascending ids), from the possible ``ids``."""
+    """The tokens ``sampling._apply_top_p`` keeps (ascending ids), from the possible ``ids``.
+    Where the best ``NUCLEUS_PREFIX`` tokens hold less than ``top_p``, the reference ranks the
+    whole row; here the prefix grows ``PREFIX_GROWTH``-fold first (a nucleus of 1,462 of 58,101
+    tokens: 2,048 sorted instead of all)."""
     if ids is None:
         probs = np.exp(x, out=_BUFFERS.of(x.size)[1])
         probs /= probs.sum()
@@ -121,14 +125,14 @@ def _nucleus(x: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray:
         values /= masked_sum(values, ids, x.size)
         live = values > 0
         tokens, values = ids[live], values[live]
-    if tokens.size > NUCLEUS_PREFIX:
-        threshold = kth_largest(values, NUCLEUS_PREFIX)
-        best = values >= threshold
+    prefix = NUCLEUS_PREFIX
+    while tokens.size > prefix:  # the best ``prefix`` (and their ties) rank first in any case
+        best = values >= kth_largest(values, prefix)
         order, before, mass = _ranked(tokens[best], values[best])
-        if mass < top_p:  # the nucleus reaches past the prefix: rank every token
-            order, before, mass = _ranked(tokens, values)
-    else:
-        order, before, mass = _ranked(tokens, values)
+        if mass >= top_p:  # every token ranked after them has at least that mass before it
+            return np.sort(order[before < top_p])
+        prefix *= PREFIX_GROWTH
+    order, before, _ = _ranked(tokens, values)
     return np.sort(order[before < top_p])
 
 
