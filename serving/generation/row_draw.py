@@ -4,7 +4,8 @@
 row, temperature, top-k, top-p, then one uniform number against the cumulative weights in
 vocabulary order. Over a large vocabulary (Marian's 58,101 tokens: 464 KB of float64 a row) that
 reference makes a dozen full-length passes, each into a fresh array that the allocator maps and
-faults in again, 0.4-0.6 ms per row on a Zen 4 core. Here:
+faults in again: 0.4-0.9 ms a row on a Zen 4 core (2026-11-28, ``benchmarks.sampling_probe``).
+Here:
 
 - the row is copied once into a per-thread float64 buffer that lives as long as the thread, and
   shifted and scaled in place (the same two roundings as ``(x - max) / temperature``);
@@ -13,7 +14,9 @@ faults in again, 0.4-0.6 ms per row on a Zen 4 core. Here:
   alone. A cumulative sum in vocabulary order adds only zeros between two kept tokens, and adding
   0.0 is exact, so every partial sum is the reference's. The one full-length sum left, top-p's
   normaliser (numpy's pairwise summation, whose grouping depends on the positions), runs over a
-  per-thread zero buffer holding the kept values where the reference's array holds them.
+  per-thread zero buffer holding the kept values where the reference's array holds them;
+- top-p ranks the best 256 tokens, then 2,048 and 16,384, before the whole row (the reference
+  goes from 256 to the whole row).
 
 Every value compared and every draw is the reference's: ``tests/serving/test_row_draw.py``
 checks tokens and generator states against it on rows with ties, NaN, ±inf, float16 to float64.
