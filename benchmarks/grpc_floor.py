@@ -8,9 +8,12 @@ calls it from a grpc.aio client and from a synchronous client in this process, o
 time, after a warm-up. A third server, ``aio-engine``, answers only after a worker thread has
 busy-waited ``--work-ms`` (about the engine's time for a minimal Translate) and handed the
 answer back to the event loop with ``call_soon_threadsafe``, as the engine thread does: the
-floor under a call that waits for a model, whose threads go idle meanwhile. Writes
+floor under a call that waits for a model, whose threads go idle meanwhile. The same work is
+also done by ``sync-engine`` (a synchronous server's handler thread hands it to a worker and
+waits on an event) and inline in the handler (``aio-inline``, ``sync-inline``: no hand-off), so
+the hand-off's share and a synchronous server's floor can be told apart. Writes
 ``benchmarks/results/grpc-floor-*.json``: p50 / p99 round trip per (server, client) pair (for
-``aio-engine`` also ``overhead_p50``, the p50 minus the work), with the machine. The unary
+the servers that work also ``overhead_p50``, the p50 minus the work), with the machine. The unary
 Translate overhead of `attnserve bench serve` (client latency minus the engine's own time)
 cannot go below the ``aio-engine`` / ``aio`` pair's overhead plus the server's own work.
 """
@@ -38,7 +41,8 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SERVERS = ("aio", "sync", "aio-engine")
+SERVERS = ("aio", "sync", "aio-engine", "sync-engine", "aio-inline", "sync-inline")
+WORKING = {"aio-engine", "sync-engine", "aio-inline", "sync-inline"}  # answer after the work
 CLIENTS = ("aio", "sync")
 
 
@@ -49,6 +53,52 @@ class _Empty(pb_grpc.AttnServeServicer):
 
 class _AioEmpty(pb_grpc.AttnServeServicer):
     async def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        return pb.ListModelsResponse()
+
+
+def _busy(seconds: float) -> None:
+    """Keep this thread's core busy for ``seconds``, as a model call does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class _SyncAfterWork(pb_grpc.AttnServeServicer):
+    """A synchronous server's handler thread hands the work to a worker thread and waits."""
+
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+        self.calls: queue.SimpleQueue[threading.Event] = queue.SimpleQueue()
+        threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            done = self.calls.get()
+            _busy(self.work_s)
+            done.set()
+
+    def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        done = threading.Event()
+        self.calls.put(done)
+        done.wait()
+        return pb.ListModelsResponse()
+
+
+class _SyncInline(pb_grpc.AttnServeServicer):
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+
+    def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        _busy(self.work_s)
+        return pb.ListModelsResponse()
+
+
+class _AioInline(pb_grpc.AttnServeServicer):
+    def __init__(self, work_s: float) -> None:
+        self.work_s = work_s
+
+    async def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
+        _busy(self.work_s)
         return pb.ListModelsResponse()
 
 
@@ -65,9 +115,7 @@ class _AioAfterWork(pb_grpc.AttnServeServicer):
     def _work(self) -> None:
         while True:
             loop, done = self.calls.get()
-            end = time.perf_counter() + self.work_s
-            while time.perf_counter() < end:  # busy, as a model call keeps its core busy
-                pass
+            _busy(self.work_s)
             loop.call_soon_threadsafe(done.set_result, None)
 
     async def ListModels(self, request: Any, context: Any) -> pb.ListModelsResponse:
@@ -79,11 +127,13 @@ class _AioAfterWork(pb_grpc.AttnServeServicer):
 
 
 def serve(kind: str, ports: Any, stop: Any, work_s: float = 0.0) -> None:
-    """Run an empty server of ``kind`` (aio | sync | aio-engine) on a free loopback port until
-    ``stop``; ``aio-engine`` answers after ``work_s`` of a worker thread's time."""
-    if kind == "sync":
+    """Run an empty server of ``kind`` (one of ``SERVERS``) on a free loopback port until
+    ``stop``; the working kinds answer after ``work_s`` of work (module docstring)."""
+    if kind.startswith("sync"):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_AttnServeServicer_to_server(_Empty(), server)
+        working = _SyncAfterWork if kind == "sync-engine" else _SyncInline
+        servicer = _Empty() if kind == "sync" else working(work_s)
+        pb_grpc.add_AttnServeServicer_to_server(servicer, server)
         ports.put(server.add_insecure_port("127.0.0.1:0"))
         server.start()
         stop.wait()
@@ -92,7 +142,8 @@ def serve(kind: str, ports: Any, stop: Any, work_s: float = 0.0) -> None:
 
     async def main() -> None:
         server = grpc.aio.server()
-        servicer = _AioAfterWork(work_s) if kind == "aio-engine" else _AioEmpty()
+        kinds = {"aio-engine": _AioAfterWork, "aio-inline": _AioInline}
+        servicer = kinds[kind](work_s) if kind in kinds else _AioEmpty()
         pb_grpc.add_AttnServeServicer_to_server(servicer, server)
         ports.put(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
@@ -149,13 +200,13 @@ def measure(calls: int, warmup: int, work_ms: float = 2.0) -> list[dict[str, Any
     records = []
     for kind in SERVERS:
         ports, stop = context.Queue(), context.Event()
-        work_s = work_ms / 1e3 if kind == "aio-engine" else 0.0
+        work_s = work_ms / 1e3 if kind in WORKING else 0.0
         process = context.Process(target=serve, args=(kind, ports, stop, work_s), daemon=True)
         process.start()
         try:
             port = ports.get(timeout=60)
             for client in CLIENTS:
-                record = {
+                record: dict[str, Any] = {
                     "server": kind,
                     "client": client,
                     "calls": calls,
@@ -191,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_metadata("cpu"),
         "what": "round trip of an empty unary call (attnserve.v1 ListModels answering nothing) "
         "on loopback, one call at a time; server in its own process; aio-engine answers after "
-        "work_ms of a worker thread's time, handed back to the event loop as the engine does",
+        "work_ms of a worker thread's time, handed back to the event loop as the engine does; "
+        "sync-engine the same from a synchronous server's handler thread; aio-inline and "
+        "sync-inline do the work in the handler",
         "pairs": measure(calls, warmup=max(10, calls // 10), work_ms=args.work_ms),
     }
     args.out.mkdir(parents=True, exist_ok=True)
