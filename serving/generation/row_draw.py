@@ -49,14 +49,19 @@ _BUFFERS = _Buffers()
 PREFIX_GROWTH = 8  # top-p's ranking: the best 256 tokens, then 2,048, 16,384, then all of them
 
 
+def clean_in_place(x: np.ndarray) -> np.ndarray:
+    """Set NaN to -inf and +inf to the largest float in the float64 array ``x``; returns it."""
+    if not np.isfinite(x).all():  # the usual case: one pass instead of nan_to_num's several
+        np.nan_to_num(x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+    return x
+
+
 def float_row(logits_row: np.ndarray) -> np.ndarray:
     """``clean_logits(logits_row)`` in this thread's row buffer (overwritten by the next call):
     float64, NaN set to -inf and +inf to the largest float."""
     x = _BUFFERS.of(logits_row.size)[0]
     np.copyto(x, logits_row)
-    if not np.isfinite(x).all():
-        np.nan_to_num(x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
-    return x
+    return clean_in_place(x)
 
 
 def sample_float_row(
@@ -131,16 +136,17 @@ def _nucleus(x: np.ndarray, ids: np.ndarray | None, top_p: float) -> np.ndarray:
     prefix = NUCLEUS_PREFIX
     while tokens.size > prefix:  # the best ``prefix`` (and their ties) rank first in any case
         best = values >= kth_largest(values, prefix)
-        order, before, mass = _ranked(tokens[best], values[best])
+        order, before, mass = ranked(tokens[best], values[best])
         if mass >= top_p:  # every token ranked after them has at least that mass before it
             return np.sort(order[before < top_p])
         prefix *= PREFIX_GROWTH
-    order, before, _ = _ranked(tokens, values)
+    order, before, _ = ranked(tokens, values)
     return np.sort(order[before < top_p])
 
 
-def _ranked(tokens: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """``sampling._ranked_mass`` over ``tokens`` (ascending ids) and their probabilities."""
+def ranked(tokens: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """``tokens`` (ascending ids) ranked by their probabilities ``values`` (ties by id), the
+    mass ranked before each, and the total."""
     rank = np.argsort(-values, kind="stable")
     ordered = values[rank]
     cumulative = np.cumsum(ordered)

@@ -17,9 +17,7 @@ import numpy as np
 
 from serving.generation.options import DecodingOptions
 from serving.generation.ranking import NUCLEUS_PREFIX, kth_largest
-from serving.generation.row_draw import float_row, sample_float_row
-
-_NUCLEUS_PREFIX = NUCLEUS_PREFIX
+from serving.generation.row_draw import clean_in_place, float_row, ranked, sample_float_row
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -57,12 +55,7 @@ def clean_logits(logits: np.ndarray) -> np.ndarray:
     Returns:
         A new float64 array of the same shape.
     """
-    x = np.array(logits, dtype=np.float64)
-    if np.isfinite(x).all():  # the usual case: one pass instead of nan_to_num's several
-        return x
-    return np.nan_to_num(
-        x, copy=False, nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf
-    )
+    return clean_in_place(np.array(logits, dtype=np.float64))
 
 
 def filter_logits(
@@ -106,16 +99,16 @@ def _apply_top_p(x: np.ndarray, top_p: float) -> None:
 
     The tokens are ranked by probability, ties in vocabulary order. A token is kept while the
     mass ranked strictly before it is below ``top_p``; tokens whose probability underflows to 0
-    are dropped. Only the best ``_NUCLEUS_PREFIX`` tokens
+    are dropped. Only the best ``NUCLEUS_PREFIX`` tokens
     (and their ties) are sorted when they already hold ``top_p`` of the mass: every other token
     then has at least that mass before it, so the result equals a full sort's.
     """
     probs = _exp_from_max(x)
     probs /= probs.sum()
     candidates = np.flatnonzero(probs > 0)  # zero-probability tokens are never drawn anyway
-    if candidates.size > _NUCLEUS_PREFIX:
+    if candidates.size > NUCLEUS_PREFIX:
         live = probs[candidates]
-        threshold = kth_largest(live, _NUCLEUS_PREFIX)
+        threshold = kth_largest(live, NUCLEUS_PREFIX)
         order, before, total = _ranked_mass(probs, candidates[live >= threshold])
         if total < top_p:  # the nucleus reaches past the prefix: rank every token
             order, before, total = _ranked_mass(probs, candidates)
@@ -141,9 +134,7 @@ def _exp_from_max(x: np.ndarray) -> np.ndarray:
 
 def _ranked_mass(probs: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """Rank ``tokens`` (ascending ids) by probability; the mass before each and the total."""
-    order = tokens[np.argsort(-probs[tokens], kind="stable")]
-    cumulative = np.cumsum(probs[order])
-    return order, cumulative - probs[order], float(cumulative[-1])
+    return ranked(tokens, probs[tokens])
 
 
 def draw(filtered: np.ndarray, rng: np.random.Generator) -> int:

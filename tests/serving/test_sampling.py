@@ -329,7 +329,7 @@ def test_top_p_prefix_shortcut_equals_a_full_sort(monkeypatch: pytest.MonkeyPatc
     for row in rows:
         for top_p in (0.3, 0.9, 0.999):
             short = filter_logits(row, temperature=0.7, top_p=top_p)
-            monkeypatch.setattr(sampling, "_NUCLEUS_PREFIX", 10**9)
+            monkeypatch.setattr(sampling, "NUCLEUS_PREFIX", 10**9)
             full = filter_logits(row, temperature=0.7, top_p=top_p)
             monkeypatch.undo()
             np.testing.assert_array_equal(short, full)
