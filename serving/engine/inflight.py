@@ -299,27 +299,22 @@ class InFlightEngine:
         if self._gauges_due or self.clock() - self._gauged_at >= GAUGE_INTERVAL_S:
             self._gauges()
 
-    def _joining_due(self) -> bool:
-        """Waiting requests may join the running batch at this step: ``join_interval_steps``
-        have passed since the last join, or a full encoder batch waits."""
+    def _joining_due(self, ahead: int = 0) -> bool:
+        """Waiting requests may join the running batch at this step (or, with ``ahead``, at
+        one of the next ``ahead`` steps): ``join_interval_steps`` have passed since the last
+        join, or a full encoder batch waits."""
         interval = self.batching.join_interval_steps
         return (
             interval <= 1
-            or self.steps - self._joined_at >= interval
+            or self.steps + ahead - self._joined_at >= interval
             or len(self.queue) >= self.batching.max_batch_size
         )
 
     def _joins_within(self, steps: int) -> bool:
         """A waiting request could join the running batch within the next ``steps`` steps, so
-        that a block of them would hold it back: something waits, and with
-        ``join_interval_steps`` its join is due before they end (or a full encoder batch
-        waits). Without in-flight batching nothing joins a running batch."""
-        if not len(self.queue) or not self.batching.in_flight:
-            return False
-        return (
-            len(self.queue) >= self.batching.max_batch_size
-            or self.steps + steps > self._joined_at + self.batching.join_interval_steps
-        )
+        that a block of them would hold it back. Without in-flight batching nothing joins a
+        running batch."""
+        return bool(len(self.queue)) and self.batching.in_flight and self._joining_due(steps - 1)
 
     def _drop_dead(self) -> None:
         """Cancelled and expired requests leave, waiting or running. Their requests are looked
