@@ -172,8 +172,18 @@ class PerfRun:
             return {**record, **parse_csv(csv_path.read_text()), "errors": 0, "error": None}
 
 
+# perf_analyzer's columns of the server's own figures (from the KServe ModelStatistics RPC), µs
+SERVER_COLUMNS = {
+    "queue": "Server Queue",
+    "compute_input": "Server Compute Input",
+    "compute_infer": "Server Compute Infer",
+    "compute_output": "Server Compute Output",
+}
+
+
 def parse_csv(text: str) -> dict[str, Any]:
-    """Throughput (requests/s) and latency (ms) of the first row of perf_analyzer's ``-f`` CSV.
+    """Throughput (requests/s) and latency (ms) of the first row of perf_analyzer's ``-f`` CSV,
+    and the server's own times per request (ms, ``server_ms``) where it wrote them.
 
     Raises:
         ValueError: the CSV has no data row or lacks the throughput column.
@@ -187,7 +197,7 @@ def parse_csv(text: str) -> dict[str, Any]:
         value = row.get(column)
         return round(float(value) / 1000.0, 3) if value not in (None, "") else None
 
-    return {
+    figures: dict[str, Any] = {
         "throughput_rps": round(float(row["Inferences/Second"]), 3),
         "latency_ms": {
             "p50": ms("p50 latency"),
@@ -196,3 +206,6 @@ def parse_csv(text: str) -> dict[str, Any]:
             "mean": ms("Avg latency"),
         },
     }
+    if all(column in row for column in SERVER_COLUMNS.values()):
+        figures["server_ms"] = {key: ms(column) for key, column in SERVER_COLUMNS.items()}
+    return figures

@@ -10,13 +10,19 @@ Metric                                   Type       Labels               Meaning
 attnserve_requests_total                 counter    model, method, code  finished RPCs; code is the
                                                                          gRPC status name ("OK")
 attnserve_request_duration_seconds       histogram  model, method        RPC latency, end to end
+attnserve_request_seconds_total          counter    model, method, code  RPC latency summed by
+                                                                         status code
+attnserve_last_request_timestamp_seconds gauge      model                when the last inference
+                                                                         RPC ended (Unix time)
 attnserve_queue_duration_seconds         histogram  model                wait in a batcher's queue
 attnserve_compute_duration_seconds       histogram  model, stage         one batched call; stage:
-                                                                         preprocess, encoder,
-                                                                         decoder_step, classifier,
-                                                                         postprocess, batch
+                                                                         encoder, decoder_step,
+                                                                         classifier
 attnserve_batch_size                     histogram  model, stage         requests / sequences per
                                                                          batched call
+attnserve_request_compute_seconds_total  counter    model, stage        batched calls' time once
+                                                                         per request / sequence
+                                                                         in them
 attnserve_time_to_first_token_seconds    histogram  model                arrival to first token
 attnserve_time_per_output_token_seconds  histogram  model                mean gap between later
                                                                          tokens of a sequence
@@ -26,6 +32,9 @@ attnserve_kv_cache_usage_ratio           gauge      model                KV-cach
 attnserve_kv_cache_tokens                gauge      model                tokens in the KV-cache
 attnserve_queue_depth                    gauge      model                requests queued now
 =======================================  =========  ===================  ==========================
+
+The KServe ``ModelStatistics`` RPC (Triton's statistics) is computed from these same series
+(``serving.kserve.statistics``), so it adds up over the processes as /metrics does.
 
 Histograms are exposed as ``<name>_bucket`` / ``_sum`` / ``_count``; counters as ``<name>``
 (ending in ``_total``) plus prometheus-client's ``<name without _total>_created``.
@@ -71,6 +80,9 @@ _STOP_POLL_S = 0.05  # how often the HTTP thread checks for stop(); the default 
 
 REQUESTS = "attnserve_requests_total"
 REQUEST_DURATION = "attnserve_request_duration_seconds"
+REQUEST_SECONDS = "attnserve_request_seconds_total"
+LAST_REQUEST = "attnserve_last_request_timestamp_seconds"
+REQUEST_COMPUTE = "attnserve_request_compute_seconds_total"
 QUEUE_DURATION = "attnserve_queue_duration_seconds"
 COMPUTE_DURATION = "attnserve_compute_duration_seconds"
 BATCH_SIZE = "attnserve_batch_size"
@@ -83,13 +95,30 @@ KV_CACHE_TOKENS = "attnserve_kv_cache_tokens"
 QUEUE_DEPTH = "attnserve_queue_depth"
 FRONTEND_LARGE_ARRAYS = "attnserve_frontend_large_arrays_total"
 
+# The RPC methods (the ``method`` label) that are inference requests: what Triton's statistics
+# count as requests, and what sets ``attnserve_last_request_timestamp_seconds``.
+INFERENCE_METHODS = frozenset(
+    {
+        "Translate",
+        "TranslateStream",
+        "Caption",
+        "CaptionStream",
+        "Classify",
+        "ModelInfer",
+        "ModelStreamInfer",
+    }
+)
+
 # Every metric name as declared (and as dashboards query it, before any _bucket/_sum/_count).
 METRIC_NAMES: tuple[str, ...] = (
     REQUESTS,
     REQUEST_DURATION,
+    REQUEST_SECONDS,
+    LAST_REQUEST,
     QUEUE_DURATION,
     COMPUTE_DURATION,
     BATCH_SIZE,
+    REQUEST_COMPUTE,
     TIME_TO_FIRST_TOKEN,
     TIME_PER_OUTPUT_TOKEN,
     GENERATED_TOKENS,
@@ -136,19 +165,27 @@ class ServingMetrics:
     """The server's metrics in one registry of their own.
 
     Attributes (all labelled; call ``.labels(...)`` first):
-        requests, request_latency, queue_time, compute_time, batch_size, time_to_first_token,
-        time_per_output_token, generated_tokens, active_sequences, kv_cache_usage,
-        kv_cache_tokens, queue_depth: see the module docstring for names and labels.
+        requests, request_latency, request_seconds, last_request, queue_time, compute_time,
+        batch_size, request_compute, time_to_first_token, time_per_output_token,
+        generated_tokens, active_sequences, kv_cache_usage, kv_cache_tokens, queue_depth: see
+        the module docstring for names and labels.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, aggregate_from: str | None = None
+    ) -> None:
         """Declare every metric in ``registry``.
 
         Args:
             registry: where to register; a fresh ``CollectorRegistry`` by default. Passing
                 prometheus_client's global ``REGISTRY`` works once per process only.
+            aggregate_from: in a process of a multi-process server, the folder every process
+                writes its values to (``PROMETHEUS_MULTIPROC_DIR``): ``aggregated`` then adds
+                them up, as the server's /metrics does.
         """
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._aggregate_from = aggregate_from
+        self._aggregated: CollectorRegistry | None = None
         self._declare_request_metrics(self.registry)
         self._declare_generation_metrics(self.registry)
 
@@ -167,6 +204,19 @@ class ServingMetrics:
             ["model", "method"],
             buckets=latency,
             registry=reg,
+        )
+        self.request_seconds = Counter(
+            REQUEST_SECONDS,
+            "RPC latency summed by gRPC status code (over attnserve_requests_total: the mean).",
+            ["model", "method", "code"],
+            registry=reg,
+        )
+        self.last_request = Gauge(
+            LAST_REQUEST,
+            "When the model's last inference RPC ended, Unix time.",
+            ["model"],
+            registry=reg,
+            multiprocess_mode="max",
         )
         self.queue_time = Histogram(
             QUEUE_DURATION,
@@ -187,6 +237,12 @@ class ServingMetrics:
             "Requests or sequences per batched call.",
             ["model", "stage"],
             buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        )
+        self.request_compute = Counter(
+            REQUEST_COMPUTE,
+            "Batched calls' durations counted once per request or sequence in the call.",
+            ["model", "stage"],
             registry=reg,
         )
         self.queue_depth = Gauge(
@@ -245,6 +301,15 @@ class ServingMetrics:
             registry=reg,
             multiprocess_mode="livesum",
         )
+
+    def aggregated(self) -> CollectorRegistry:
+        """The server's metrics as its /metrics serves them: this registry, or every process's
+        values added up (``aggregate_from``)."""
+        if self._aggregate_from is None:
+            return self.registry
+        if self._aggregated is None:
+            self._aggregated = multiprocess_registry(self._aggregate_from)
+        return self._aggregated
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (what /metrics returns)."""

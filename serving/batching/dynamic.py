@@ -114,6 +114,7 @@ class _Instruments:
     queue_time: Any
     batch_size: Any
     compute_time: Any
+    request_compute: Any
     queue_depth: Any
 
     @classmethod
@@ -122,6 +123,7 @@ class _Instruments:
             queue_time=metrics.queue_time.labels(model=model),
             batch_size=metrics.batch_size.labels(model=model, stage=stage),
             compute_time=metrics.compute_time.labels(model=model, stage=stage),
+            request_compute=metrics.request_compute.labels(model=model, stage=stage),
             queue_depth=metrics.queue_depth.labels(model=model),
         )
 
@@ -455,3 +457,4 @@ class DynamicBatcher(Generic[T, R]):
         if self._instruments:
             self._instruments.batch_size.observe(size)
             self._instruments.compute_time.observe(seconds)
+            self._instruments.request_compute.inc(seconds * size)

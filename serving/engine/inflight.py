@@ -357,8 +357,7 @@ class InFlightEngine:
         if rows is None:
             return
         now = self.clock()
-        self.meters.observe("compute_time", now - started, stage="encoder")
-        self.meters.observe("batch_size", len(joiners), stage="encoder")
+        self.meters.batched("encoder", now - started, len(joiners))
         joined = []
         for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
@@ -438,8 +437,7 @@ class InFlightEngine:
         logits = self.cache.step(rows, input_ids, positions)
         self.steps += 1
         now = self.clock()
-        self.meters.observe("compute_time", now - started, stage="decoder_step")
-        self.meters.observe("batch_size", len(rows), stage="decoder_step")
+        self.meters.batched("decoder_step", now - started, len(rows))
         greedy = self._greedy_tokens(sequences, logits, offsets, done, layout.first)
         finished: list[int] = []
         moves: list[tuple[np.ndarray, np.ndarray]] = []  # beams' (rows, rows they continue)
@@ -482,8 +480,7 @@ class InFlightEngine:
         self.steps += 1
         now = self.clock()
         took = now - started if seconds is None else seconds
-        self.meters.observe("compute_time", took, stage="decoder_step")
-        self.meters.observe("batch_size", len(slots), stage="decoder_step")
+        self.meters.batched("decoder_step", took, len(slots))
         eos_id = self.spec.eos_id
         chosen = greedy_decide(
             outputs.tokens,
@@ -558,8 +555,7 @@ class InFlightEngine:
                 self.blocks_cut += 1
                 return
             self.steps += 1
-            self.meters.observe("compute_time", per_step, stage="decoder_step")
-            self.meters.observe("batch_size", len(going), stage="decoder_step")
+            self.meters.batched("decoder_step", per_step, len(going))
             generated = done + 1
             state.generated[layout.slots] = generated
             stops = chosen == eos_id

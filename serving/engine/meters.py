@@ -52,6 +52,14 @@ class EngineMeters:
         if self.metrics is not None:
             self.child(metric, stage).observe(value)
 
+    def batched(self, stage: str, seconds: float, size: int) -> None:
+        """One batched call of ``stage`` over ``size`` requests or sequences: its time, its size,
+        and its time once per request or sequence in it (``request_compute``)."""
+        if self.metrics is not None:
+            self.child("compute_time", stage).observe(seconds)
+            self.child("batch_size", stage).observe(size)
+            self.child("request_compute", stage).inc(seconds * size)
+
     def child(self, metric: str, stage: str | None = None) -> Any:
         """The metric's child for this model (and ``stage``), looked up once (``labels()`` costs
         more than the observation itself, and the decode loop observes per token; a key of

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import multiprocessing
+import os
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -102,7 +103,7 @@ def remote_models(client: EngineClient) -> ModelFactory:
 
 
 async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
-    metrics = ServingMetrics()
+    metrics = ServingMetrics(aggregate_from=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     client = EngineClient(
         address, engine_pid, config.frontend_shm_mb << 20, ARENA_MIN_BYTES, metrics
     )

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from serving.errors import ServingError, Unavailable, status_code
-from serving.metrics import ServingMetrics
+from serving.metrics import INFERENCE_METHODS, ServingMetrics
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,11 @@ class Servicer:
         self.repository = repository
         self.metrics = metrics
         self.state = state
-        # (model, method, code) -> the request counter's and latency histogram's children,
+        # (model, method, code) -> the children of the request counter, the latency histogram,
+        # the summed latency and (inference methods) the last-request gauge,
         # looked up once (``labels`` takes a lock and builds its key on every call); bounded, as
         # names no model has are counted as UNKNOWN_MODEL
-        self._recorders: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        self._recorders: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
 
     def model_label(self, name: str) -> str:
         try:
@@ -61,13 +62,21 @@ class Servicer:
     def record(self, model: str, method: str, code: str, started: float) -> None:
         recorders = self._recorders.get((model, method, code))
         if recorders is None:
+            m = self.metrics
+            inference = method in INFERENCE_METHODS and model != UNKNOWN_MODEL
             recorders = self._recorders[(model, method, code)] = (
-                self.metrics.requests.labels(model=model, method=method, code=code),
-                self.metrics.request_latency.labels(model=model, method=method),
+                m.requests.labels(model=model, method=method, code=code),
+                m.request_latency.labels(model=model, method=method),
+                m.request_seconds.labels(model=model, method=method, code=code),
+                m.last_request.labels(model=model) if inference else None,
             )
-        count, latency = recorders
+        count, latency, seconds, last = recorders
+        took = time.perf_counter() - started
         count.inc()
-        latency.observe(time.perf_counter() - started)
+        latency.observe(took)
+        seconds.inc(took)
+        if last is not None:
+            last.set(time.time())
 
 
 def error_message(err: BaseException) -> str:

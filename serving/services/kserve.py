@@ -1,4 +1,5 @@
-"""The KServe v2 servicer (``inference.GRPCInferenceService``): health, metadata, inference.
+"""The KServe v2 servicer (``inference.GRPCInferenceService``): health, metadata, statistics,
+inference.
 
 The protocol's pieces live in ``serving.kserve`` (tensor contract in its docstring); this module
 only maps RPCs onto them inside the shared RPC envelope (``serving.services.common``).
@@ -17,6 +18,7 @@ from serving.errors import InvalidArgument, NotFound
 from serving.kserve.execute import infer
 from serving.kserve.request import prepare
 from serving.kserve.signature import platform, signature
+from serving.kserve.statistics import model_statistics
 from serving.kserve.stream import stream_responses
 from serving.kserve.triton_config import SERVER_NAME, model_config, model_ready, server_version
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -25,6 +27,9 @@ from serving.served import ServedModel
 from serving.services.common import Servicer, deadline_of, served_call, unary
 
 _END = object()
+# Triton's protocol extensions served in full (ServerMetadata lists them): perf_analyzer asks
+# for the server's own statistics only where "statistics" is listed.
+EXTENSIONS = ("statistics",)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -75,7 +80,9 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
 
     @unary("ServerMetadata", lambda r: "", refuse_when_draining=False)
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any):
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=server_version(), extensions=[])
+        return pb.ServerMetadataResponse(
+            name=SERVER_NAME, version=server_version(), extensions=list(EXTENSIONS)
+        )
 
     @unary("ModelMetadata", lambda r: r.name, refuse_when_draining=False)
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any):
@@ -94,6 +101,21 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelConfigResponse(
             config=model_config(self._model(request.name, request.version))
         )
+
+    @unary("ModelStatistics", lambda r: r.name, refuse_when_draining=False)
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any):
+        if request.name:
+            models = [self._model(request.name, request.version)]
+        elif request.version:
+            raise InvalidArgument(
+                f"version {request.version[:40]!r} without a model name: name the model, or "
+                "leave both empty for every model's statistics"
+            )
+        else:
+            models = self.repository.models()
+        # every process's metric files are read in a multi-process server: off the event loop
+        stats = await asyncio.to_thread(model_statistics, self.metrics.aggregated(), models)
+        return pb.ModelStatisticsResponse(model_stats=stats)
 
     # --- inference ------------------------------------------------------------------------------
     @unary("ModelInfer", lambda r: r.model_name)

@@ -43,6 +43,7 @@ TRITON_METHODS = {
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse", False, False),
     "ModelStreamInfer": ("ModelInferRequest", "ModelStreamInferResponse", True, True),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse", False, False),
+    "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse", False, False),
 }
 
 # Every message and field of our `inference` package, transcribed from Triton's
@@ -115,6 +116,23 @@ ModelStreamInferResponse infer_response 2 ModelInferResponse
 ModelConfigRequest name 1 string
 ModelConfigRequest version 2 string
 ModelConfigResponse config 1 ModelConfig
+ModelStatisticsRequest name 1 string
+ModelStatisticsRequest version 2 string
+StatisticDuration count 1 uint64
+StatisticDuration ns 2 uint64
+InferStatistics success 1 StatisticDuration
+InferStatistics fail 2 StatisticDuration
+InferStatistics queue 3 StatisticDuration
+InferStatistics compute_input 4 StatisticDuration
+InferStatistics compute_infer 5 StatisticDuration
+InferStatistics compute_output 6 StatisticDuration
+ModelStatistics name 1 string
+ModelStatistics version 2 string
+ModelStatistics last_inference 3 uint64
+ModelStatistics inference_count 4 uint64
+ModelStatistics execution_count 5 uint64
+ModelStatistics inference_stats 6 InferStatistics
+ModelStatisticsResponse model_stats 1 repeated ModelStatistics
 ModelVersionPolicy latest 1 ModelVersionPolicy.Latest
 ModelVersionPolicy all 2 ModelVersionPolicy.All
 ModelVersionPolicy specific 3 ModelVersionPolicy.Specific

@@ -28,6 +28,9 @@ def touch_every_metric(metrics: ServingMetrics, model: str = "m") -> None:
     metrics.queue_time.labels(model=model).observe(0.001)
     metrics.compute_time.labels(model=model, stage="encoder").observe(0.002)
     metrics.batch_size.labels(model=model, stage="encoder").observe(4)
+    metrics.request_compute.labels(model=model, stage="encoder").inc(0.08)
+    metrics.request_seconds.labels(model=model, method="Classify", code="OK").inc(0.1)
+    metrics.last_request.labels(model=model).set(1.8e9)
     metrics.time_to_first_token.labels(model=model).observe(0.05)
     metrics.time_per_output_token.labels(model=model).observe(0.01)
     metrics.generated_tokens.labels(model=model).inc(7)
@@ -42,7 +45,7 @@ def sample_names(text: str) -> set[str]:
 
 
 def test_metric_names_are_prefixed_unique_and_in_base_units() -> None:
-    assert len(set(METRIC_NAMES)) == len(METRIC_NAMES) == 12
+    assert len(set(METRIC_NAMES)) == len(METRIC_NAMES) == 15
     assert all(name.startswith("attnserve_") for name in METRIC_NAMES)
     assert not any(name.endswith(("_ms", "_milliseconds")) for name in METRIC_NAMES)
     assert LATENCY_BUCKETS[0] <= 0.0005 and LATENCY_BUCKETS[-1] >= 30

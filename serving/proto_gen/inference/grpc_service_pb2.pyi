@@ -263,6 +263,60 @@ class ModelStreamInferResponse(_message.Message):
     infer_response: ModelInferResponse
     def __init__(self, error_message: _Optional[str] = ..., infer_response: _Optional[_Union[ModelInferResponse, _Mapping]] = ...) -> None: ...
 
+class ModelStatisticsRequest(_message.Message):
+    __slots__ = ("name", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class StatisticDuration(_message.Message):
+    __slots__ = ("count", "ns")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NS_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    ns: int
+    def __init__(self, count: _Optional[int] = ..., ns: _Optional[int] = ...) -> None: ...
+
+class InferStatistics(_message.Message):
+    __slots__ = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    FAIL_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INPUT_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_INFER_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    success: StatisticDuration
+    fail: StatisticDuration
+    queue: StatisticDuration
+    compute_input: StatisticDuration
+    compute_infer: StatisticDuration
+    compute_output: StatisticDuration
+    def __init__(self, success: _Optional[_Union[StatisticDuration, _Mapping]] = ..., fail: _Optional[_Union[StatisticDuration, _Mapping]] = ..., queue: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_input: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_infer: _Optional[_Union[StatisticDuration, _Mapping]] = ..., compute_output: _Optional[_Union[StatisticDuration, _Mapping]] = ...) -> None: ...
+
+class ModelStatistics(_message.Message):
+    __slots__ = ("name", "version", "last_inference", "inference_count", "execution_count", "inference_stats")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAST_INFERENCE_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    EXECUTION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_STATS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    version: str
+    last_inference: int
+    inference_count: int
+    execution_count: int
+    inference_stats: InferStatistics
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., last_inference: _Optional[int] = ..., inference_count: _Optional[int] = ..., execution_count: _Optional[int] = ..., inference_stats: _Optional[_Union[InferStatistics, _Mapping]] = ...) -> None: ...
+
+class ModelStatisticsResponse(_message.Message):
+    __slots__ = ("model_stats",)
+    MODEL_STATS_FIELD_NUMBER: _ClassVar[int]
+    model_stats: _containers.RepeatedCompositeFieldContainer[ModelStatistics]
+    def __init__(self, model_stats: _Optional[_Iterable[_Union[ModelStatistics, _Mapping]]] = ...) -> None: ...
+
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]

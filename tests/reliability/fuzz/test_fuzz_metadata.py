@@ -1,5 +1,6 @@
-"""Fuzzing metadata, readiness and health with any model names and versions (attnserve.v1
-GetModel / ListModels, KServe Server* / Model* probes and metadata, grpc.health.v1)."""
+"""Fuzzing metadata, readiness, statistics and health with any model names and versions
+(attnserve.v1 GetModel / ListModels, KServe Server* / Model* probes, metadata and statistics,
+grpc.health.v1)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
                 "ServerMetadata",
                 "ModelMetadata",
                 "ModelConfig",
+                "ModelStatistics",
                 "Health",
             ]
         ),
@@ -40,6 +42,7 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
     @example("ModelConfig", "../../etc/passwd", "")
     @example("ModelMetadata", "vit", "99999999999999999999")
     @example("Health", "inference.GRPCInferenceService", "")
+    @example("ModelStatistics", "", "1")
     def run(method: str, name: str, version: str) -> None:
         k, s = fuzz.kserve, fuzz.stub
         calls: dict[str, Callable[[float], Any]] = {
@@ -59,6 +62,9 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
             "ModelConfig": lambda t: k.ModelConfig(
                 kpb.ModelConfigRequest(name=name, version=version), timeout=t
             ),
+            "ModelStatistics": lambda t: k.ModelStatistics(
+                kpb.ModelStatisticsRequest(name=name, version=version), timeout=t
+            ),
             "Health": lambda t: fuzz.health.Check(
                 health_pb2.HealthCheckRequest(service=name), timeout=t
             ),
@@ -72,6 +78,11 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
             assert code == grpc.StatusCode.OK and result.ready == real
         if method in ("ServerLive", "ServerReady", "ListModels", "ServerMetadata"):
             assert code == grpc.StatusCode.OK
+        if method == "ModelStatistics":  # a real model, or every model (no name, no version)
+            everyone = name == "" and version == ""
+            assert (code == grpc.StatusCode.OK) == (real or everyone), (name, version, details)
+            if code == grpc.StatusCode.OK:
+                assert len(result.model_stats) == (3 if everyone else 1)
 
     run()
     fuzz.assert_still_correct()

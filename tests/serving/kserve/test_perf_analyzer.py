@@ -23,8 +23,15 @@ def perf_analyzer() -> PerfAnalyzer:
 
 
 def _check(record: dict) -> None:
+    """0 errors, and the server's own figures read from ModelStatistics (ServerMetadata lists
+    the "statistics" extension): a request's queue and compute time within its latency."""
     assert record["errors"] == 0, record["error"]
     assert record["throughput_rps"] > 0 and record["latency_ms"]["p50"] > 0
+    server = record["server_ms"]
+    assert server["compute_infer"] > 0 and server["queue"] >= 0
+    # a loose bound (the server's and the client's windows differ a little): it catches units
+    assert server["queue"] + server["compute_infer"] < 2 * record["latency_ms"]["mean"]
+    assert server["compute_input"] == server["compute_output"] == 0  # inside compute_infer
 
 
 def test_vit_with_generated_data_and_no_flags(
@@ -88,6 +95,18 @@ def test_parse_csv_reads_figures_in_ms() -> None:
     assert parse_csv(text) == {
         "throughput_rps": 978.146,
         "latency_ms": {"p50": 1.986, "p90": 2.467, "p99": 2.993, "mean": 2.042},
+    }
+    with_server = (
+        "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
+        "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,"
+        "p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait\n"
+        "2,231.764,7,2348,2552,0,3707,0,3,8489,10137,10615,12118,8620,10,8580\n"
+    )
+    assert parse_csv(with_server)["server_ms"] == {
+        "queue": 2.552,
+        "compute_input": 0.0,
+        "compute_infer": 3.707,
+        "compute_output": 0.0,
     }
     with pytest.raises(ValueError, match="no figures"):
         parse_csv("")

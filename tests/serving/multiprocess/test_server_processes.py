@@ -120,14 +120,32 @@ def test_each_process_is_named_for_ps(servers) -> None:
     assert sorted(comm(pid) for pid in frontends) == ["attnserve-fe0", "attnserve-fe1"]
 
 
+def vit_statistics(address: str) -> list[tuple[int, int, int]]:
+    """(successes, images inferred, queued) of the ViT as KServe ModelStatistics answers them,
+    asked over 4 connections of their own (so both frontends answer some)."""
+    out = []
+    for _ in range(4):
+        with grpc.insecure_channel(address, options=OWN_CONNECTION) as channel:
+            reply = kpb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(
+                kpb.ModelStatisticsRequest(name="vit"), timeout=TIMEOUT
+            )
+        stats = reply.model_stats[0]
+        inference = stats.inference_stats
+        out.append((inference.success.count, stats.inference_count, inference.queue.count))
+    return out
+
+
 def test_metrics_add_up_over_the_processes(servers) -> None:
+    """/metrics and every frontend's KServe ModelStatistics count the requests of both."""
     _, multi = servers
     url = f"http://127.0.0.1:{multi.metrics_port}/metrics"
     before = sample(scrape(url), "attnserve_requests_total", model="vit", method="Classify")
+    before_statistics = vit_statistics(multi.address)
+    assert len(set(before_statistics)) == 1
     digit = encode_png(digits.load_digits_split("test")[0][1])
 
     def classify(_: int) -> None:
-        with grpc.insecure_channel(multi.address) as channel:  # a connection each
+        with grpc.insecure_channel(multi.address, options=OWN_CONNECTION) as channel:
             pb_grpc.AttnServeStub(channel).Classify(pb.ClassifyRequest(image=digit), timeout=30)
 
     with ThreadPoolExecutor(8) as pool:
@@ -135,6 +153,8 @@ def test_metrics_add_up_over_the_processes(servers) -> None:
     after = scrape(url)
     assert sample(after, "attnserve_requests_total", model="vit", method="Classify") == before + 24
     assert sample(after, "attnserve_batch_size_count", model="vit", stage="classifier") > 0
+    success, inferred, queued = before_statistics[0]
+    assert vit_statistics(multi.address) == [(success + 24, inferred + 24, queued + 24)] * 4
 
 
 def test_cancelled_streams_free_the_engine_rows(tiny_repository: Path, tmp_path: Path) -> None:

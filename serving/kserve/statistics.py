@@ -1,0 +1,129 @@
+"""KServe v2 / Triton ``ModelStatistics``, computed from the server's Prometheus series.
+
+Triton keeps cumulative counts and durations per model. attnserve reads the same figures off the
+series its /metrics exposes (``serving.metrics``), through the registry /metrics serves: in a
+multi-process server every process's values added up, so any frontend answers for the whole
+server and the two views never disagree.
+
+===============================  ==============================================================
+ModelStatistics field            from
+===============================  ==============================================================
+inference_stats.success          ``attnserve_requests_total`` (count) and
+                                 ``attnserve_request_seconds_total`` (ns) of the inference
+                                 methods (``INFERENCE_METHODS``) with code OK
+inference_stats.fail             the same with every other code
+inference_stats.queue            ``attnserve_queue_duration_seconds`` (count, sum)
+inference_stats.compute_infer    ``attnserve_request_compute_seconds_total`` over the model's
+                                 stages (each batched call once per request or sequence in
+                                 it); count: ``inference_count``
+compute_input, compute_output    not measured apart: their time is inside compute_infer (the
+                                 graph call binds and copies its inputs and outputs); count:
+                                 ``inference_count``, 0 ns (perf_analyzer requires the three
+                                 counts equal)
+inference_count                  ``attnserve_batch_size_sum`` of the model's entry stage (the
+                                 classifier's, or a generator's encoder): the requests or
+                                 images its batched calls took in
+execution_count                  ``attnserve_batch_size_count`` of that stage: its batched calls
+last_inference                   ``attnserve_last_request_timestamp_seconds`` in milliseconds
+===============================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from contract.model_config import ClassifierConfig
+from serving.metrics import (
+    BATCH_SIZE,
+    INFERENCE_METHODS,
+    LAST_REQUEST,
+    QUEUE_DURATION,
+    REQUEST_COMPUTE,
+    REQUEST_SECONDS,
+    REQUESTS,
+)
+from serving.proto_gen.inference import grpc_service_pb2 as pb
+from serving.served import ServedModel
+
+NS = 1e9
+
+
+@dataclass
+class SeriesTotals:
+    """The series ``ModelStatistics`` needs, summed by model (and outcome or stage)."""
+
+    requests: dict[tuple[str, bool], float] = field(default_factory=lambda: defaultdict(float))
+    request_seconds: dict[tuple[str, bool], float] = field(
+        default_factory=lambda: defaultdict(float)
+    )
+    queue: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    compute: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    batches: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
+    last_request: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @classmethod
+    def collect(cls, registry: CollectorRegistry) -> SeriesTotals:
+        """One pass over the registry's samples (every process's in multi-process mode)."""
+        totals = cls()
+        for family in registry.collect():
+            for sample in family.samples:
+                totals.add(sample.name, sample.labels, sample.value)
+        return totals
+
+    def add(self, name: str, labels: dict[str, str], value: float) -> None:
+        model = labels.get("model", "")
+        if name in (REQUESTS, REQUEST_SECONDS):
+            if labels.get("method") in INFERENCE_METHODS:
+                into = self.requests if name == REQUESTS else self.request_seconds
+                into[(model, labels.get("code") == "OK")] += value
+        elif name in (QUEUE_DURATION + "_count", QUEUE_DURATION + "_sum"):
+            self.queue[(model, name.rsplit("_", 1)[1])] += value
+        elif name == REQUEST_COMPUTE:
+            self.compute[model] += value
+        elif name in (BATCH_SIZE + "_count", BATCH_SIZE + "_sum"):
+            self.batches[(model, labels.get("stage", ""), name.rsplit("_", 1)[1])] += value
+        elif name == LAST_REQUEST:
+            self.last_request[model] = max(self.last_request[model], value)
+
+
+def entry_stage(model: ServedModel) -> str:
+    """The stage whose batched calls take in a model's requests."""
+    return "classifier" if isinstance(model.config, ClassifierConfig) else "encoder"
+
+
+def _duration(count: float, seconds: float) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=round(count), ns=round(seconds * NS))
+
+
+def model_statistics(
+    registry: CollectorRegistry, models: Iterable[ServedModel]
+) -> list[pb.ModelStatistics]:
+    """Triton's statistics of each of ``models`` from the series in ``registry``."""
+    totals = SeriesTotals.collect(registry)
+    out = []
+    for model in models:
+        name, stage = model.name, entry_stage(model)
+        inferences = totals.batches[(name, stage, "sum")]
+        stats = pb.InferStatistics(
+            success=_duration(totals.requests[(name, True)], totals.request_seconds[(name, True)]),
+            fail=_duration(totals.requests[(name, False)], totals.request_seconds[(name, False)]),
+            queue=_duration(totals.queue[(name, "count")], totals.queue[(name, "sum")]),
+            compute_input=_duration(inferences, 0.0),
+            compute_infer=_duration(inferences, totals.compute[name]),
+            compute_output=_duration(inferences, 0.0),
+        )
+        out.append(
+            pb.ModelStatistics(
+                name=name,
+                version=str(model.version),
+                last_inference=round(totals.last_request[name] * 1000),
+                inference_count=round(inferences),
+                execution_count=round(totals.batches[(name, stage, "count")]),
+                inference_stats=stats,
+            )
+        )
+    return out
