@@ -1,4 +1,5 @@
-"""A real Prometheus scrapes a real attnserve server under load; PromQL gives the p99 latency.
+"""A real Prometheus scrapes a real attnserve server under load; PromQL gives the p99 latency,
+and every query of the shipped Grafana dashboard evaluates.
 
 Needs Debian's `prometheus` binary (`make test` installs it when run as root); skips without it.
 """
@@ -22,6 +23,7 @@ import pytest
 
 from serving.client import AttnServeClient
 from serving.metrics import REQUEST_DURATION, REQUESTS
+from tests.deploy.deploy_files import dashboard
 from tests.serving.server_thread import ServerThread
 
 LOAD_SECONDS = 5.0
@@ -151,6 +153,28 @@ def test_prometheus_computes_p99_latency_from_a_loaded_server(
         wait_for(
             f"{REQUESTS} to count the {answered} answered calls", all_requests_scraped, 10, log
         )
+        check_dashboard_queries(base)
+
+
+def check_dashboard_queries(base: str) -> None:
+    """Every query of the shipped Grafana dashboard is valid PromQL for this Prometheus, and the
+    per-request panels (the series ModelStatistics reads) have the translator's figures."""
+    by_title: dict[str, list[dict[str, Any]]] = {}
+    for panel in dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$model", ".*").replace("$__rate_interval", "30s")
+            by_title.setdefault(panel["title"], []).extend(query(base, expr))
+
+    def translator(title: str) -> list[float]:
+        rows = by_title[title]
+        return [float(r["value"][1]) for r in rows if r["metric"]["model"] == "translator"]
+
+    mean = translator("Mean latency, succeeded / failed")  # no call failed: the OK series only
+    assert len(mean) == 1 and 0 < mean[0] < 30
+    per_request = translator("Compute time per request by stage")  # encoder, decoder_step
+    assert len(per_request) == 2 and all(0 < v < mean[0] for v in per_request)
+    (since,) = translator("Since the last inference request")
+    assert 0 <= since < 120
 
 
 def _ready(base: str) -> bool:
