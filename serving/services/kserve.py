@@ -27,9 +27,11 @@ from serving.served import ServedModel
 from serving.services.common import Servicer, deadline_of, served_call, unary
 
 _END = object()
-# Triton's protocol extensions served in full (ServerMetadata lists them): perf_analyzer asks
-# for the server's own statistics only where "statistics" is listed.
-EXTENSIONS = ("statistics",)
+# Triton's protocol extensions attnserve serves (ServerMetadata lists them): top-k
+# "classification" outputs, request "parameters", ModelConfig ("model_configuration") and
+# ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
+# is listed). Not listed: what it leaves out (model_repository, shared memory, trace, logging).
+EXTENSIONS = ("classification", "model_configuration", "parameters", "statistics")
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

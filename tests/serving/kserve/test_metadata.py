@@ -31,7 +31,13 @@ def test_live_ready_and_server_metadata(stub: pb_grpc.GRPCInferenceServiceStub) 
         reply = stub.ModelReady(pb.ModelReadyRequest(name=name, version=version), timeout=TIMEOUT)
         assert reply.ready is ready, (name, version)
     meta = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=TIMEOUT)
-    assert meta.name == "attnserve" and meta.version and list(meta.extensions) == ["statistics"]
+    assert meta.name == "attnserve" and meta.version
+    assert list(meta.extensions) == [
+        "classification",
+        "model_configuration",
+        "parameters",
+        "statistics",
+    ]
 
 
 def _tensors(items: Iterable[Any]) -> dict[str, tuple[str, list[int]]]:
