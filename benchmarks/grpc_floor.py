@@ -11,7 +11,9 @@ answer back to the event loop with ``call_soon_threadsafe``, as the engine threa
 floor under a call that waits for a model, whose threads go idle meanwhile. The same work is
 also done by ``sync-engine`` (a synchronous server's handler thread hands it to a worker and
 waits on an event) and inline in the handler (``aio-inline``, ``sync-inline``: no hand-off), so
-the hand-off's share and a synchronous server's floor can be told apart. Writes
+the hand-off's share and a synchronous server's floor can be told apart. ``aio-strict`` is
+``aio`` with the server's own interceptor (``StrictParsing``, which moves request parsing into
+the call): its cost per call. Writes
 ``benchmarks/results/grpc-floor-*.json``: p50 / p99 round trip per (server, client) pair (for
 the servers that work also ``overhead_p50``, the p50 minus the work), with the machine. The unary
 Translate overhead of `attnserve bench serve` (client latency minus the engine's own time)
@@ -39,9 +41,10 @@ from benchmarks.machine import machine_metadata
 from benchmarks.output import timestamp
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.services.parsing import StrictParsing
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
-SERVERS = ("aio", "sync", "aio-engine", "sync-engine", "aio-inline", "sync-inline")
+SERVERS = ("aio", "aio-strict", "sync", "aio-engine", "sync-engine", "aio-inline", "sync-inline")
 WORKING = {"aio-engine", "sync-engine", "aio-inline", "sync-inline"}  # answer after the work
 CLIENTS = ("aio", "sync")
 
@@ -141,7 +144,7 @@ def serve(kind: str, ports: Any, stop: Any, work_s: float = 0.0) -> None:
         return
 
     async def main() -> None:
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[StrictParsing()] if kind == "aio-strict" else None)
         kinds = {"aio-engine": _AioAfterWork, "aio-inline": _AioInline}
         servicer = kinds[kind](work_s) if kind in kinds else _AioEmpty()
         pb_grpc.add_AttnServeServicer_to_server(servicer, server)
@@ -241,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         "grpcio": grpc.__version__,
         "machine": machine_metadata("cpu"),
         "what": "round trip of an empty unary call (attnserve.v1 ListModels answering nothing) "
-        "on loopback, one call at a time; server in its own process; aio-engine answers after "
+        "on loopback, one call at a time; server in its own process; aio-strict is aio with "
+        "attnserve's parsing interceptor; aio-engine answers after "
         "work_ms of a worker thread's time, handed back to the event loop as the engine does; "
         "sync-engine the same from a synchronous server's handler thread; aio-inline and "
         "sync-inline do the work in the handler",
