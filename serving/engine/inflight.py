@@ -361,9 +361,10 @@ class InFlightEngine:
         joined = []
         for request, request_rows in zip(joiners, rows, strict=True):
             limit = request.options.max_new_tokens or self.max_new_tokens
-            seq = ActiveSequence(request, self.spec, limit, now)
+            # a request's wait ends where its admission starts: the encoder pass is compute
+            seq = ActiveSequence(request, self.spec, limit, started)
             seq.rows = request_rows
-            self.meters.observe("queue_time", now - request.arrival)
+            self.meters.observe("queue_time", started - request.arrival)
             joined.append(seq)
         slots = self._state.take(
             [len(seq.rows) for seq in joined],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from pathlib import Path
 
 import numpy as np
@@ -379,6 +380,52 @@ def test_token_metrics_count_every_row_of_every_step(runner_and_config) -> None:
     assert value("attnserve_time_per_output_token_seconds_count") == sum(lengths) - len(lengths)
     assert value("attnserve_time_per_output_token_seconds_sum") > 0
     assert value("attnserve_generated_tokens_total") == sum(lengths)
+
+
+def test_queue_time_ends_where_the_encoder_pass_starts(runner_and_config) -> None:
+    """A lone request's wait is not its encoder pass (made 0.2 s slow here): the queue time
+    (metric and the finish event's ``queue_seconds``) stays short, the encoder's compute time
+    per request holds the pass."""
+    from serving.metrics import ServingMetrics
+
+    runner = runner_and_config[0]
+    encode = runner.encode
+
+    def slow_encode(*args, **kwargs):  # the real encoder, after 0.2 s
+        time.sleep(0.2)
+        return encode(*args, **kwargs)
+
+    runner.encode = slow_encode
+    metrics = ServingMetrics()
+
+    async def go() -> list:
+        engine = make_engine(runner_and_config)
+        engine.metrics = metrics
+        engine.start()
+        try:
+            request = GenerationRequest(
+                options=DecodingOptions(max_new_tokens=2), source_ids=source(1)
+            )
+            return await collect(engine, request)
+        finally:
+            engine.stop()
+
+    try:
+        events = run(go())
+    finally:
+        runner.encode = encode
+    final = events[-1]
+    assert isinstance(final, FinishEvent)
+    assert final.queue_seconds < 0.1
+    samples = {
+        (s.name, s.labels.get("stage")): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+        if s.labels.get("model") == "translator"
+    }
+    assert samples[("attnserve_queue_duration_seconds_count", None)] == 1
+    assert samples[("attnserve_queue_duration_seconds_sum", None)] < 0.1
+    assert samples[("attnserve_request_compute_seconds_total", "encoder")] >= 0.2
 
 
 def test_cancelled_while_waiting(runner_and_config) -> None:
