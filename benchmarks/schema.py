@@ -200,6 +200,17 @@ SERVE_POINT = {
         "ttft_ms": LATENCY,
         "tpot_ms": LATENCY,
         "client_processes": {"type": "integer", "minimum": 1},
+        "server_side": {
+            "type": ["object", "null"],
+            "required": ["requests", "latency_ms", "queue_ms", "compute_ms"],
+            "properties": {
+                "requests": {"type": "integer", "minimum": 1},
+                "latency_ms": OPT_NUMBER,
+                "queue_ms": OPT_NUMBER,
+                "compute_ms": OPT_NUMBER,
+                "inferences_per_execution": OPT_NUMBER,
+            },
+        },
     },
 }
 

@@ -36,6 +36,7 @@ from benchmarks.perf_analyzer import (
 )
 from benchmarks.serve_settings import ServeSettings
 from benchmarks.server_process import ServeProcess
+from benchmarks.server_statistics import model_statistics, server_side
 from benchmarks.triton_peer import (
     PeerUnavailable,
     TritonPeer,
@@ -144,7 +145,9 @@ class SameRun:
         try:
             await client.wait_ready()
             for concurrency in self.settings.peer_concurrency:
+                before = await model_statistics(address, "vit")
                 result = await self._measure_quietly(client, concurrency, server_cpu, pids)
+                result["server_side"] = server_side(before, await model_statistics(address, "vit"))
                 points.append(_point(variant, server, concurrency, result))
                 log(
                     f"{server} vit {METHOD} c={concurrency}: {result['throughput_rps']:.1f} "

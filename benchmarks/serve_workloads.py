@@ -6,6 +6,8 @@ streaming, unary too under those two, ViT classify), then open-loop points with 
 set rates or at fractions of the setup's closed-loop peak (``open_plan``). A point during which
 other processes used more than ``max_foreign_share`` of the CPU is discarded (recorded) and measured
 again. The clients run in ``client_processes`` processes (``loadgen_processes``; one below 8 CPUs).
+Each point also records the server's own figures per request (``server_side``, from KServe
+``ModelStatistics`` before and after it: ``benchmarks.server_statistics``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from benchmarks.output import log
 from benchmarks.serve_settings import FULL_SETUPS, MINIMAL_SETUPS, ServeSettings
 from benchmarks.serve_setups import BATCHING_EDITS
 from benchmarks.server_process import ServeProcess
+from benchmarks.server_statistics import model_statistics, server_side
 
 
 def sample_image(size: int = 32, seed: int = 0) -> bytes:
@@ -154,10 +157,13 @@ class SetupDriver:
         client = Client(self.server.address, workload, self.settings.connections)
         try:
             await client.wait_ready()
+            before = await model_statistics(self.server.address, model)
             result, discarded = await self._measure_quietly(client, f"{model} {method}", load)
+            after = await model_statistics(self.server.address, model)
         finally:
             await client.close()
         result["discarded"] = discarded
+        result["server_side"] = server_side(before, after)
         record = {
             "model": model,
             "variant": self.setup,

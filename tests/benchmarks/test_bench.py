@@ -181,6 +181,14 @@ def test_serve_tiny_writes_valid_json_and_plots(serve_json: Path) -> None:
         "kserve_infer",
     }
     assert all(p["errors"] == 0 and p["requests"] > 0 for p in points)
+    # the server's own figures per request (KServe ModelStatistics around each point): a
+    # request's queue wait and compute time within its server latency, that within the client's
+    for p in points:
+        own = p["server_side"]
+        assert own["requests"] >= p["requests"], p
+        assert own["compute_ms"] > 0 and own["queue_ms"] >= 0, own
+        assert own["queue_ms"] + own["compute_ms"] <= 1.1 * own["latency_ms"], own
+        assert own["latency_ms"] <= p["latency_ms"]["p99"], (own, p["latency_ms"])
     stream = [p for p in points if p["method"] == "translate_stream" and p["loop"] == "closed"]
     assert all(p["tokens_per_request"] == result["settings"]["new_tokens"] for p in stream)
     assert all(p["ttft_ms"]["p50"] is not None for p in stream)
