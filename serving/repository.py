@@ -114,10 +114,23 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
 
 
 class ModelRepository:
-    """The served models of one repository directory, by name."""
+    """The served models of one repository directory, by name.
 
-    def __init__(self, models: dict[str, ServedModel]) -> None:
+    Args:
+        models: the served models by name.
+        root: the repository directory they were loaded from.
+        not_loaded: the names of the directory's other entries (left out by ``--models``).
+    """
+
+    def __init__(
+        self,
+        models: dict[str, ServedModel],
+        root: Path | None = None,
+        not_loaded: tuple[str, ...] = (),
+    ) -> None:
         self._models = models
+        self.root = root
+        self.not_loaded = not_loaded
 
     @classmethod
     def load(
@@ -145,10 +158,12 @@ class ModelRepository:
                 "`attnserve export KIND --out REPOSITORY`"
             )
         entries = sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+        not_loaded: tuple[str, ...] = ()
         if names:
             missing = sorted(set(names) - {p.name for p in entries})
             if missing:
                 raise RepositoryError(f"{root} has no model(s) {', '.join(missing)}")
+            not_loaded = tuple(p.name for p in entries if p.name not in names)
             entries = [p for p in entries if p.name in names]
         if not entries:
             raise RepositoryError(f"{root} holds no models (no */config.yaml)")
@@ -175,7 +190,7 @@ class ModelRepository:
             except (SchemaError, BackendError, OSError, ValueError) as err:
                 raise RepositoryError(f"cannot serve {entry}: {err}") from err
             log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
-        return cls(models)
+        return cls(models, root, not_loaded)
 
     def get(self, name: str) -> ServedModel:
         """The served model called ``name``.

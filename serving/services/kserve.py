@@ -1,5 +1,5 @@
 """The KServe v2 servicer (``inference.GRPCInferenceService``): health, metadata, statistics,
-inference.
+the repository index, inference.
 
 The protocol's pieces live in ``serving.kserve`` (tensor contract in its docstring); this module
 only maps RPCs onto them inside the shared RPC envelope (``serving.services.common``).
@@ -16,6 +16,7 @@ import grpc
 
 from serving.errors import InvalidArgument, NotFound
 from serving.kserve.execute import infer
+from serving.kserve.repository_index import repository_index
 from serving.kserve.request import prepare
 from serving.kserve.signature import platform, signature
 from serving.kserve.statistics import model_statistics
@@ -118,6 +119,10 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         # every process's metric files are read in a multi-process server: off the event loop
         stats = await asyncio.to_thread(model_statistics, self.metrics.aggregated(), models)
         return pb.ModelStatisticsResponse(model_stats=stats)
+
+    @unary("RepositoryIndex", lambda r: "", refuse_when_draining=False)
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any):
+        return repository_index(self.repository, request.repository_name, request.ready)
 
     # --- inference ------------------------------------------------------------------------------
     @unary("ModelInfer", lambda r: r.model_name)

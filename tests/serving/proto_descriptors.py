@@ -44,6 +44,7 @@ TRITON_METHODS = {
     "ModelStreamInfer": ("ModelInferRequest", "ModelStreamInferResponse", True, True),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse", False, False),
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse", False, False),
+    "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse", False, False),
 }
 
 # Every message and field of our `inference` package, transcribed from Triton's
@@ -133,6 +134,13 @@ ModelStatistics inference_count 4 uint64
 ModelStatistics execution_count 5 uint64
 ModelStatistics inference_stats 6 InferStatistics
 ModelStatisticsResponse model_stats 1 repeated ModelStatistics
+RepositoryIndexRequest repository_name 1 string
+RepositoryIndexRequest ready 2 bool
+RepositoryIndexResponse models 1 repeated RepositoryIndexResponse.ModelIndex
+RepositoryIndexResponse.ModelIndex name 1 string
+RepositoryIndexResponse.ModelIndex version 2 string
+RepositoryIndexResponse.ModelIndex state 3 string
+RepositoryIndexResponse.ModelIndex reason 4 string
 ModelVersionPolicy latest 1 ModelVersionPolicy.Latest
 ModelVersionPolicy all 2 ModelVersionPolicy.All
 ModelVersionPolicy specific 3 ModelVersionPolicy.Specific

@@ -1,6 +1,6 @@
 """Fuzzing metadata, readiness, statistics and health with any model names and versions
-(attnserve.v1 GetModel / ListModels, KServe Server* / Model* probes, metadata and statistics,
-grpc.health.v1)."""
+(attnserve.v1 GetModel / ListModels, KServe Server* / Model* probes, metadata, statistics and
+the repository index, grpc.health.v1)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
                 "ModelMetadata",
                 "ModelConfig",
                 "ModelStatistics",
+                "RepositoryIndex",
                 "Health",
             ]
         ),
@@ -65,6 +66,9 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
             "ModelStatistics": lambda t: k.ModelStatistics(
                 kpb.ModelStatisticsRequest(name=name, version=version), timeout=t
             ),
+            "RepositoryIndex": lambda t: k.RepositoryIndex(
+                kpb.RepositoryIndexRequest(repository_name=name, ready=bool(version)), timeout=t
+            ),
             "Health": lambda t: fuzz.health.Check(
                 health_pb2.HealthCheckRequest(service=name), timeout=t
             ),
@@ -83,6 +87,11 @@ def test_fuzz_metadata(fuzz: Fuzz) -> None:
             assert (code == grpc.StatusCode.OK) == (real or everyone), (name, version, details)
             if code == grpc.StatusCode.OK:
                 assert len(result.model_stats) == (3 if everyone else 1)
+        if method == "RepositoryIndex":  # the server's repository: empty, its path or name
+            ok = code == grpc.StatusCode.OK
+            assert ok or (name and code == grpc.StatusCode.NOT_FOUND), (name, code, details)
+            if ok:
+                assert [m.name for m in result.models] == ["captioner", "translator", "vit"]
 
     run()
     fuzz.assert_still_correct()

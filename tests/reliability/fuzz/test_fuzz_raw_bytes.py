@@ -42,6 +42,7 @@ METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-strea
     ("/inference.GRPCInferenceService/ModelMetadata", "uu"),
     ("/inference.GRPCInferenceService/ModelConfig", "uu"),
     ("/inference.GRPCInferenceService/ModelStatistics", "uu"),
+    ("/inference.GRPCInferenceService/RepositoryIndex", "uu"),
     ("/inference.GRPCInferenceService/ModelInfer", "uu"),
     ("/inference.GRPCInferenceService/ModelStreamInfer", "ss"),
     ("/grpc.health.v1.Health/Check", "uu"),
