@@ -1,4 +1,4 @@
-"""`attnserve serve`, `translate`, `caption`, `classify`. No torch is imported here."""
+"""`attnserve serve`, `translate`, `caption`, `classify`, `stats`. No torch is imported here."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ def add_parsers(subparsers: Any) -> None:
         ("translate", "translate English text with a running server"),
         ("caption", "caption an image with a running server"),
         ("classify", "classify an image with a running server"),
+        ("stats", "a running server's statistics per model (KServe ModelStatistics)"),
     ):
         _add_client_parser(subparsers, name, helptext)
 
@@ -104,7 +106,8 @@ def _add_serve_parser(subparsers: Any) -> None:
 def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
     command = subparsers.add_parser(name, help=helptext)
     command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
-    command.add_argument("--model", default="", help="model name (default: the task's)")
+    default_model = "every model" if name == "stats" else "the task's"
+    command.add_argument("--model", default="", help=f"model name (default: {default_model})")
     command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     command.add_argument("--tls-ca", type=Path, help="PEM root certificate to trust (TLS)")
     command.add_argument(
@@ -117,6 +120,10 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         default=os.environ.get(CLIENT_TOKEN_ENV),
         help=f"bearer token (better: env {CLIENT_TOKEN_ENV}; flags show in `ps`)",
     )
+    if name == "stats":
+        command.add_argument("--json", action="store_true", help="one JSON object per model")
+        command.set_defaults(handler=run_client)
+        return
     if name == "translate":
         command.add_argument("text", nargs="+", help="one or more texts")
         command.add_argument("--to", required=True, help="target language: de, fr or es")
@@ -212,6 +219,7 @@ async def _serve(config: ServerConfig) -> int:
 def run_client(args: argparse.Namespace) -> int:
     """Call a running server; prints the answer (or streams it)."""
     from serving.client import AttnServeClient, ClientError
+    from serving.stats_table import render, statistics_row
 
     options = {
         key: getattr(args, key, None)
@@ -228,6 +236,11 @@ def run_client(args: argparse.Namespace) -> int:
     )
     with client:
         try:
+            if args.command == "stats":
+                now = time.time()
+                rows = [statistics_row(s, now) for s in client.statistics(args.model)]
+                print("\n".join(render(rows, args.json)))
+                return 0
             if args.command == "classify":
                 for label in client.classify(_read(args.image), top_k=args.top_k, model=args.model):
                     print(f"{label.label}\t{label.score:.4f}")

@@ -22,6 +22,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.proto_gen.inference import grpc_service_pb2 as kpb
+from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 from serving.security import SecurityConfigError, check_token, read_secret_file
 
 FINISH_NAMES = {
@@ -212,6 +214,12 @@ class AttnServeClient:
 
     def get_model(self, name: str) -> pb.ModelInfo:
         return self._call(self.stub.GetModel, pb.GetModelRequest(name=name), None)
+
+    def statistics(self, model: str = "") -> list[Any]:
+        """KServe ModelStatistics of ``model``, or of every model (Triton's statistics)."""
+        stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
+        request = kpb.ModelStatisticsRequest(name=model)
+        return list(self._call(stub.ModelStatistics, request, None).model_stats)
 
     def health(self, service: str = "") -> str:
         """grpc.health.v1 status name: SERVING, NOT_SERVING, ..."""

@@ -1,0 +1,59 @@
+"""`attnserve stats`: a server's KServe ModelStatistics as a table, or one JSON line a model.
+
+Means per request between the server's start and now: the latency of its successes, the queue
+wait, the compute time (each over its own count), and inferences per model execution.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+COLUMNS = (
+    "model",
+    "version",
+    "ok",
+    "failed",
+    "latency_ms",
+    "queue_ms",
+    "compute_ms",
+    "per_execution",
+    "last_s_ago",
+)
+
+
+def _mean_ms(duration: Any) -> float | None:
+    return round(duration.ns / duration.count / 1e6, 3) if duration.count else None
+
+
+def statistics_row(stats: Any, now_s: float) -> dict[str, Any]:
+    """One model's ModelStatistics as the table's columns (None: nothing counted yet)."""
+    s = stats.inference_stats
+    executions = stats.execution_count
+    return {
+        "model": stats.name,
+        "version": stats.version,
+        "ok": s.success.count,
+        "failed": s.fail.count,
+        "latency_ms": _mean_ms(s.success),
+        "queue_ms": _mean_ms(s.queue),
+        "compute_ms": _mean_ms(s.compute_infer),
+        "per_execution": round(stats.inference_count / executions, 2) if executions else None,
+        "last_s_ago": round(now_s - stats.last_inference / 1000, 1)
+        if stats.last_inference
+        else None,
+    }
+
+
+def render(rows: list[dict[str, Any]], as_json: bool) -> list[str]:
+    """The lines to print: an aligned table with a header, or one JSON object per model."""
+    if as_json:
+        return [json.dumps(row) for row in rows]
+    cells = [list(COLUMNS)] + [
+        ["-" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    ]
