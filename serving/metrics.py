@@ -20,9 +20,11 @@ attnserve_compute_duration_seconds       histogram  model, stage         one bat
                                                                          classifier
 attnserve_batch_size                     histogram  model, stage         requests / sequences per
                                                                          batched call
-attnserve_request_compute_seconds_total  counter    model, stage        batched calls' time once
-                                                                         per request / sequence
-                                                                         in them
+attnserve_request_compute_seconds_total  counter    model, stage        compute per request: a
+                                                                         batched call once per item
+                                                                         in it (classifier), or
+                                                                         admission to end
+                                                                         (generation)
 attnserve_time_to_first_token_seconds    histogram  model                arrival to first token
 attnserve_time_per_output_token_seconds  histogram  model                mean gap between later
                                                                          tokens of a sequence
@@ -241,7 +243,8 @@ class ServingMetrics:
         )
         self.request_compute = Counter(
             REQUEST_COMPUTE,
-            "Batched calls' durations counted once per request or sequence in the call.",
+            "Compute per request: a batched call once per item in it, or a generated request "
+            "from admission to end.",
             ["model", "stage"],
             registry=reg,
         )

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -697,16 +698,7 @@ class InFlightEngine:
 
     def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
         """Post the sequence's finish with its first ``count`` tokens."""
-        self._outbox.post(
-            seq.request,
-            FinishEvent(
-                reason=reason,
-                tokens=self._state.tokens_of(seq.slot, count),
-                input_tokens=seq.request.source_tokens,
-                queue_seconds=seq.admitted - seq.request.arrival,
-            ),
-        )
-        return True
+        return self._post_finish(seq, reason=reason, tokens=self._state.tokens_of(seq.slot, count))
 
     def _finish_beam(self, seq: ActiveSequence) -> bool:
         assert seq.beam is not None
@@ -714,18 +706,22 @@ class InFlightEngine:
         top = best[0]
         for index, token in enumerate(top.tokens):
             self._outbox.post(seq.request, TokenEvent(token, index))
-        reason = "stop" if top.finished else "length"
-        self._outbox.post(
-            seq.request,
-            FinishEvent(
-                reason=reason,
-                tokens=list(top.tokens),
-                score=float(top.score),
-                alternatives=[(list(h.tokens), float(h.score)) for h in best[1:]],
-                input_tokens=seq.request.source_tokens,
-                queue_seconds=seq.admitted - seq.request.arrival,
-            ),
+        return self._post_finish(
+            seq,
+            reason="stop" if top.finished else "length",
+            tokens=list(top.tokens),
+            score=float(top.score),
+            alternatives=[(list(h.tokens), float(h.score)) for h in best[1:]],
         )
+
+    def _post_finish(self, seq: ActiveSequence, **event: Any) -> bool:
+        """Post the sequence's FinishEvent (``event``: its reason, tokens, ...); the time since
+        its admission counts as its request's compute, once per request (not per step)."""
+        request = seq.request
+        self.meters.request_computed(self.clock() - seq.admitted)
+        waited = seq.admitted - request.arrival
+        finish = FinishEvent(input_tokens=request.source_tokens, queue_seconds=waited, **event)
+        self._outbox.post(request, finish)
         return True
 
     def _remove(self, gone: list[int]) -> None:

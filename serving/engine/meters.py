@@ -13,6 +13,8 @@ from serving.engine.row_state import RowState
 from serving.engine.step_layout import ActiveSequence, StepLayout
 from serving.metrics import ServingMetrics, observe_many
 
+GENERATION = "generation"  # the request_compute stage of a generated request (admission to end)
+
 
 class EngineMeters:
     """What one engine records for its model; every call does nothing without ``metrics``
@@ -53,12 +55,16 @@ class EngineMeters:
             self.child(metric, stage).observe(value)
 
     def batched(self, stage: str, seconds: float, size: int) -> None:
-        """One batched call of ``stage`` over ``size`` requests or sequences: its time, its size,
-        and its time once per request or sequence in it (``request_compute``)."""
+        """One batched call of ``stage`` over ``size`` requests or sequences: its time and size."""
         if self.metrics is not None:
             self.child("compute_time", stage).observe(seconds)
             self.child("batch_size", stage).observe(size)
-            self.child("request_compute", stage).inc(seconds * size)
+
+    def request_computed(self, seconds: float) -> None:
+        """A request's generation ended ``seconds`` after its admission began (its encoder pass
+        and every step it took part in): its compute, stage ``generation``."""
+        if self.metrics is not None:
+            self.child("request_compute", GENERATION).inc(seconds)
 
     def child(self, metric: str, stage: str | None = None) -> Any:
         """The metric's child for this model (and ``stage``), looked up once (``labels()`` costs

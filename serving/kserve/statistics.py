@@ -13,9 +13,10 @@ inference_stats.success          ``attnserve_requests_total`` (count) and
                                  methods (``INFERENCE_METHODS``) with code OK
 inference_stats.fail             the same with every other code
 inference_stats.queue            ``attnserve_queue_duration_seconds`` (count, sum)
-inference_stats.compute_infer    ``attnserve_request_compute_seconds_total`` over the model's
-                                 stages (each batched call once per request or sequence in
-                                 it); count: ``inference_count``
+inference_stats.compute_infer    ``attnserve_request_compute_seconds_total``: the classifier's
+                                 batched calls once per image in them; a generated request's
+                                 time from its admission to its end (stage ``generation``);
+                                 count: ``inference_count``
 compute_input, compute_output    not measured apart: their time is inside compute_infer (the
                                  graph call binds and copies its inputs and outputs); count:
                                  ``inference_count``, 0 ns (perf_analyzer requires the three
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
@@ -52,42 +52,29 @@ from serving.served import ServedModel
 NS = 1e9
 
 
-@dataclass
-class SeriesTotals:
-    """The series ``ModelStatistics`` needs, summed by model (and outcome or stage)."""
-
-    requests: dict[tuple[str, bool], float] = field(default_factory=lambda: defaultdict(float))
-    request_seconds: dict[tuple[str, bool], float] = field(
-        default_factory=lambda: defaultdict(float)
-    )
-    queue: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
-    compute: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    batches: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
-    last_request: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-
-    @classmethod
-    def collect(cls, registry: CollectorRegistry) -> SeriesTotals:
-        """One pass over the registry's samples (every process's in multi-process mode)."""
-        totals = cls()
-        for family in registry.collect():
-            for sample in family.samples:
-                totals.add(sample.name, sample.labels, sample.value)
-        return totals
-
-    def add(self, name: str, labels: dict[str, str], value: float) -> None:
-        model = labels.get("model", "")
-        if name in (REQUESTS, REQUEST_SECONDS):
-            if labels.get("method") in INFERENCE_METHODS:
-                into = self.requests if name == REQUESTS else self.request_seconds
-                into[(model, labels.get("code") == "OK")] += value
-        elif name in (QUEUE_DURATION + "_count", QUEUE_DURATION + "_sum"):
-            self.queue[(model, name.rsplit("_", 1)[1])] += value
-        elif name == REQUEST_COMPUTE:
-            self.compute[model] += value
-        elif name in (BATCH_SIZE + "_count", BATCH_SIZE + "_sum"):
-            self.batches[(model, labels.get("stage", ""), name.rsplit("_", 1)[1])] += value
-        elif name == LAST_REQUEST:
-            self.last_request[model] = max(self.last_request[model], value)
+def series_totals(registry: CollectorRegistry) -> defaultdict[tuple[str, ...], float]:
+    """The series ``ModelStatistics`` needs, summed in one pass over the registry's samples
+    (every process's in multi-process mode), keyed (what, model, and the outcome or the sample
+    suffix): ("requests" | "seconds", model, "OK" | "failed"), ("queue", model, "count" | "sum"),
+    ("compute", model), ("batches", model, stage, "count" | "sum"), ("last", model)."""
+    totals: defaultdict[tuple[str, ...], float] = defaultdict(float)
+    for family in registry.collect():
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            model = labels.get("model", "")
+            if name in (REQUESTS, REQUEST_SECONDS) and labels.get("method") in INFERENCE_METHODS:
+                what = "requests" if name == REQUESTS else "seconds"
+                totals[(what, model, "OK" if labels.get("code") == "OK" else "failed")] += value
+            elif name in (QUEUE_DURATION + "_count", QUEUE_DURATION + "_sum"):
+                totals[("queue", model, name.rsplit("_", 1)[1])] += value
+            elif name == REQUEST_COMPUTE:
+                totals[("compute", model)] += value
+            elif name in (BATCH_SIZE + "_count", BATCH_SIZE + "_sum"):
+                stage = labels.get("stage", "")
+                totals[("batches", model, stage, name.rsplit("_", 1)[1])] += value
+            elif name == LAST_REQUEST:
+                totals[("last", model)] = max(totals[("last", model)], value)
+    return totals
 
 
 def entry_stage(model: ServedModel) -> str:
@@ -99,30 +86,38 @@ def _duration(count: float, seconds: float) -> pb.StatisticDuration:
     return pb.StatisticDuration(count=round(count), ns=round(seconds * NS))
 
 
+Totals = dict[tuple[str, ...], float]
+
+
+def _outcome(totals: Totals, model: str, outcome: str) -> pb.StatisticDuration:
+    """The model's inference RPCs that ended ``outcome`` ("OK" / "failed"), and their latency."""
+    return _duration(totals[("requests", model, outcome)], totals[("seconds", model, outcome)])
+
+
 def model_statistics(
     registry: CollectorRegistry, models: Iterable[ServedModel]
 ) -> list[pb.ModelStatistics]:
     """Triton's statistics of each of ``models`` from the series in ``registry``."""
-    totals = SeriesTotals.collect(registry)
+    totals = series_totals(registry)
     out = []
     for model in models:
         name, stage = model.name, entry_stage(model)
-        inferences = totals.batches[(name, stage, "sum")]
+        inferences = totals[("batches", name, stage, "sum")]
         stats = pb.InferStatistics(
-            success=_duration(totals.requests[(name, True)], totals.request_seconds[(name, True)]),
-            fail=_duration(totals.requests[(name, False)], totals.request_seconds[(name, False)]),
-            queue=_duration(totals.queue[(name, "count")], totals.queue[(name, "sum")]),
+            success=_outcome(totals, name, "OK"),
+            fail=_outcome(totals, name, "failed"),
+            queue=_duration(totals[("queue", name, "count")], totals[("queue", name, "sum")]),
             compute_input=_duration(inferences, 0.0),
-            compute_infer=_duration(inferences, totals.compute[name]),
+            compute_infer=_duration(inferences, totals[("compute", name)]),
             compute_output=_duration(inferences, 0.0),
         )
         out.append(
             pb.ModelStatistics(
                 name=name,
                 version=str(model.version),
-                last_inference=round(totals.last_request[name] * 1000),
+                last_inference=round(totals[("last", name)] * 1000),
                 inference_count=round(inferences),
-                execution_count=round(totals.batches[(name, stage, "count")]),
+                execution_count=round(totals[("batches", name, stage, "count")]),
                 inference_stats=stats,
             )
         )

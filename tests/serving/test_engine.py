@@ -425,7 +425,7 @@ def test_queue_time_ends_where_the_encoder_pass_starts(runner_and_config) -> Non
     }
     assert samples[("attnserve_queue_duration_seconds_count", None)] == 1
     assert samples[("attnserve_queue_duration_seconds_sum", None)] < 0.1
-    assert samples[("attnserve_request_compute_seconds_total", "encoder")] >= 0.2
+    assert samples[("attnserve_request_compute_seconds_total", "generation")] >= 0.2
 
 
 def test_cancelled_while_waiting(runner_and_config) -> None:
