@@ -111,6 +111,8 @@ class PerfRun:
         streaming: stream requests (``--streaming``, for decoupled models).
         input_data: a JSON input-data file (``--input-data``), else generated data.
         parameters: request parameters (``--request-parameter NAME:VALUE:TYPE``).
+        shared_memory: "system": inputs and outputs through POSIX shared memory regions
+            (``--shared-memory system``; the server needs ``--system-shared-memory``).
         timeout_s: the run's wall-clock limit.
     """
 
@@ -122,6 +124,7 @@ class PerfRun:
     streaming: bool = False
     input_data: Path | None = None
     parameters: dict[str, tuple[str, str]] = field(default_factory=dict)
+    shared_memory: str = "none"
     timeout_s: float = 300.0
 
     def flags(self, full_paths: bool = True) -> list[str]:
@@ -132,6 +135,8 @@ class PerfRun:
             flags += ["--input-data", str(data) if full_paths else data.name]
         for name, (value, kind) in self.parameters.items():
             flags += ["--request-parameter", f"{name}:{value}:{kind}"]
+        if self.shared_memory != "none":
+            flags += ["--shared-memory", self.shared_memory]
         return flags
 
     def command(self, csv_path: Path) -> list[str]:

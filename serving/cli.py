@@ -90,6 +90,14 @@ def _add_serve_parser(subparsers: Any) -> None:
         type=int,
         help="Python's young-generation GC threshold (default 0: Python's own, 700)",
     )
+    serve.add_argument(
+        "--system-shared-memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Triton's system shared memory extension over KServe: clients on this host pass "
+        "tensors through registered POSIX shared memory regions; only for clients trusted like "
+        "the server (default: off)",
+    )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
     security.add_argument("--tls-key", help="PEM private key of --tls-cert")

@@ -30,6 +30,18 @@ class NotFound(ServingError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExists(ServingError):
+    """A name that must be unique is taken (a shared memory region's)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(ServingError):
+    """The server is not set up for the call (a feature switched off); the message says how."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class ResourceExhausted(ServingError):
     """A queue or capacity limit is reached, or the input exceeds a size limit."""
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,12 +18,13 @@ from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from serving.kserve.shared_memory import SharedMemoryRegions
 from serving.metrics import MetricsServer, ServingMetrics
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
 from serving.security import BearerTokenInterceptor, accepted_tokens, server_credentials
-from serving.server_config import ServerConfig
+from serving.server_config import REGIONS_FOLDER_ENV, ServerConfig
 from serving.services.attnserve import AttnServeServicer
 from serving.services.common import ServerState
 from serving.services.health import HealthServicer
@@ -50,6 +55,7 @@ class RunningServer:
     metrics_server: MetricsServer | None
     tls: bool = False  # the gRPC port speaks TLS
     authenticated: bool = False  # calls need a bearer token (health and reflection excepted)
+    own_folder: Path | None = None  # removed on stop (this server's shared memory registry)
 
     @property
     def address(self) -> str:
@@ -76,6 +82,8 @@ class RunningServer:
         await self.repository.stop(grace)
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        if self.own_folder is not None:
+            shutil.rmtree(self.own_folder, ignore_errors=True)
 
 
 async def _set_health(servicer: Any, status: int) -> None:
@@ -116,7 +124,8 @@ async def create_server(
     await repository.start()
     server = _grpc_server(config, tokens, reuse_port)
     state = ServerState()
-    health = _add_services(server, repository, metrics, state)
+    regions, own_folder = _shared_memory(config)
+    health = _add_services(server, repository, metrics, state, regions)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -151,7 +160,17 @@ async def create_server(
         metrics_server,
         tls=credentials is not None,
         authenticated=bool(tokens),
+        own_folder=own_folder,
     )
+
+
+def _shared_memory(config: ServerConfig) -> tuple[SharedMemoryRegions | None, Path | None]:
+    """The system shared memory registry (None when off), and its folder if this server owns it."""
+    if not config.system_shared_memory:
+        return None, None
+    shared = os.environ.get(REGIONS_FOLDER_ENV)
+    folder = Path(shared) if shared else Path(tempfile.mkdtemp(prefix="attnserve-regions-"))
+    return SharedMemoryRegions(folder, config.max_message_bytes), None if shared else folder
 
 
 def _grpc_server(
@@ -176,13 +195,14 @@ def _add_services(
     repository: ModelRepository,
     metrics: ServingMetrics,
     state: ServerState,
+    regions: SharedMemoryRegions | None,
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state), server
+        KServeServicer(repository, metrics, state, regions), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -39,6 +39,11 @@ class ServerConfig:
     # heap frozen, so that no collection rescans it; a young threshold (0: Python's 700)
     gc_freeze: bool = True
     gc_gen0_threshold: int = 0
+    # Triton's system shared memory extension over KServe (serving.kserve.shared_memory): clients
+    # on this host register POSIX shared memory regions and pass tensors through them. Off: a
+    # client that registers regions can make the server read and write any shared memory object
+    # its user may open, so turn it on only for clients trusted like the server.
+    system_shared_memory: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -65,6 +70,9 @@ class ServerConfig:
 
 
 CGROUP = Path("/sys/fs/cgroup")
+# The folder of the system shared memory registry that the frontend processes of one server
+# share (set by the supervisor; a one-process server makes its own and removes it on stop).
+REGIONS_FOLDER_ENV = "ATTNSERVE_SHARED_MEMORY_REGIONS"
 
 
 def auto_frontend_workers(cpus: int) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 from serving.engine.requests import GenerationRequest
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import Call, each, element_pixels, target_languages, utf8
+from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
 from serving.kserve.tensors import BYTES, output_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import Generated, LabelScore, ServedClassifier, ServedGenerator
@@ -130,11 +131,25 @@ def build_response(
             datatype = BYTES
             values = _classification(values, wanted.classification, labels)
         header, raw = output_tensor(wanted.name, datatype, values)
-        response.outputs.append(header)
+        if wanted.shared is not None:
+            write_shared(call, wanted.shared, header, raw)
+            raw = b""  # Triton's layout: an empty raw entry, so entries still match outputs
+        response.outputs.append(header)  # a copy: after the header is complete
         response.raw_output_contents.append(raw)
     for key, value in (parameters or {}).items():
         response.parameters[key].CopyFrom(parameter(value))
     return response
+
+
+def write_shared(call: Call, piece: Slice, header: Any, raw: bytes) -> None:
+    """Write an output into its shared memory; its header's parameters say where and how many
+    bytes were written (Triton's header says neither; the shape alone does not size BYTES)."""
+    assert call.regions is not None  # a slice is only accepted with the extension on
+    call.regions.write(piece, raw, f"output {header.name!r}")
+    header.parameters[REGION].string_param = piece.region.name
+    header.parameters[BYTE_SIZE].int64_param = len(raw)
+    if piece.offset:
+        header.parameters[OFFSET].int64_param = piece.offset
 
 
 async def infer(call: Call) -> pb.ModelInferResponse:

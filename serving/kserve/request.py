@@ -14,6 +14,7 @@ import numpy as np
 
 from serving.errors import InvalidArgument, ResourceExhausted, ServingError
 from serving.kserve.parameters import int_parameter, request_timeout, string_parameter
+from serving.kserve.shared_memory import SharedMemoryRegions, Slice, shared_inputs, tensor_slice
 from serving.kserve.signature import ONE_PER_ITEM, Signature, TensorSpec, max_batch, signature
 from serving.kserve.tensors import BYTES, Tensor, decode_inputs, format_shape
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -25,10 +26,12 @@ PIXEL_LIMIT = 1e4  # normalised pixels are within a few units; larger values ove
 
 @dataclass(frozen=True)
 class Wanted:
-    """A requested output: its name and Triton's ``classification`` top-k (0 = plain tensor)."""
+    """A requested output: its name, Triton's ``classification`` top-k (0 = plain tensor) and
+    the shared memory it is written to (None: the response carries it)."""
 
     name: str
     classification: int = 0
+    shared: Slice | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Call:
     wanted: tuple[Wanted, ...]
     batch: int
     timeout_s: float | None
+    regions: SharedMemoryRegions | None = None  # the server's, when the extension is on
 
 
 def _check_inputs(model: ServedModel, sig: Signature, inputs: dict[str, Tensor]) -> None:
@@ -76,7 +80,10 @@ def _check_shape(tensor: Tensor, spec: TensorSpec, what: str) -> None:
 
 
 def _requested_outputs(
-    model: ServedModel, sig: Signature, request: pb.ModelInferRequest
+    model: ServedModel,
+    sig: Signature,
+    request: pb.ModelInferRequest,
+    regions: SharedMemoryRegions | None,
 ) -> tuple[Wanted, ...]:
     if not request.outputs:
         return tuple(Wanted(spec.name) for spec in sig.outputs)
@@ -99,7 +106,13 @@ def _requested_outputs(
                     f"output {output.name!r}: classification must be >= 1 and only applies to "
                     "numeric outputs such as 'probabilities'"
                 )
-        wanted.append(Wanted(output.name, top_k))
+        shared = tensor_slice(output.parameters, regions, f"output {output.name!r}")
+        if shared is not None and top_k:
+            raise InvalidArgument(
+                f"output {output.name!r} sets both classification and a shared memory region; "
+                "ask for one"
+            )
+        wanted.append(Wanted(output.name, top_k, shared))
     return tuple(wanted)
 
 
@@ -123,19 +136,27 @@ def _batch_size(model: ServedModel, inputs: dict[str, Tensor]) -> int:
     return n
 
 
-def prepare(model: ServedModel, request: pb.ModelInferRequest, deadline: float | None) -> Call:
-    """Decode and validate a request against the model's signature.
+def prepare(
+    model: ServedModel,
+    request: pb.ModelInferRequest,
+    deadline: float | None,
+    regions: SharedMemoryRegions | None = None,
+) -> Call:
+    """Decode and validate a request against the model's signature (``regions``: the server's
+    shared memory regions, None when the extension is off).
 
     Raises:
         InvalidArgument: bad tensors, names, datatypes, shapes, outputs or parameters.
+        NotFound: a shared memory region or object that does not exist.
         ResourceExhausted: more elements than the model takes per request.
     """
     sig = signature(model.config)
-    inputs = decode_inputs(request)
+    inputs = decode_inputs(request, shared_inputs(request, regions))
     _check_inputs(model, sig, inputs)
-    wanted = _requested_outputs(model, sig, request)
+    wanted = _requested_outputs(model, sig, request, regions)
     batch = _batch_size(model, inputs)
-    return Call(model, request, inputs, wanted, batch, request_timeout(request, deadline))
+    timeout = request_timeout(request, deadline)
+    return Call(model, request, inputs, wanted, batch, timeout, regions)
 
 
 # --- the inputs of each element ----------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from serving.errors import InvalidArgument
 from serving.kserve.execute import TEXT_OUTPUT, build_response, generation_jobs, infer, parameter
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import Call
@@ -38,6 +39,11 @@ async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
             response.parameters[key].CopyFrom(parameter(value))
         yield response
         return
+    if any(wanted.shared for wanted in call.wanted):
+        raise InvalidArgument(
+            "a streamed generation sends a response per piece of text: request its outputs "
+            "without shared memory here, or use ModelInfer for outputs in shared memory"
+        )
     (job,) = generation_jobs(call, model)
     text_output = TEXT_OUTPUT[model.config.task]
     deltas = DeltaResponses(call, text_output)

@@ -295,38 +295,52 @@ def _from_contents(
     return np.asarray(list(values), dtype=dtype).reshape(shape)
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> dict[str, Tensor]:
+def decode_inputs(
+    request: pb.ModelInferRequest, shared: dict[int, bytes] | None = None
+) -> dict[str, Tensor]:
     """Every input of a request, by name.
 
+    Args:
+        request: the request.
+        shared: the data of the inputs that lie in shared memory, by input index; the raw
+            entries are then those of the other inputs, in order (Triton's layout).
+
     Raises:
-        InvalidArgument: a nameless or repeated input, a raw entry count that is not one per input,
-            raw and typed data mixed, or any tensor error of ``decode_tensor``.
+        InvalidArgument: a nameless or repeated input, a raw entry count that is not one per input
+            (not in shared memory), data sent two ways, or any tensor error of ``decode_tensor``.
     """
+    shared = shared or {}
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    plain = len(request.inputs) - len(shared)
+    if raw and len(raw) != plain:
         raise InvalidArgument(
-            f"the request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents "
-            "entries: send one raw entry per input, in the order of `inputs` (or none, and put "
-            "the data in each input's contents)"
+            f"the request has {plain} inputs outside shared memory but {len(raw)} "
+            "raw_input_contents entries: send one raw entry per such input, in the order of "
+            "`inputs` (or none, and put the data in each input's contents)"
         )
     tensors: dict[str, Tensor] = {}
+    next_raw = 0
     for index, tensor in enumerate(request.inputs):
         if not tensor.name:
             raise InvalidArgument(f"input {index} has no name; set InferInputTensor.name")
         if tensor.name in tensors:
             raise InvalidArgument(f"input {tensor.name[:100]!r} is sent twice; send it once")
         contents = tensor.contents if tensor.HasField("contents") else None
-        if raw and contents is not None and contents.ByteSize() > 0:
-            raise InvalidArgument(
-                f"input {tensor.name[:100]!r} sets contents while the request uses "
-                "raw_input_contents: send every input's data one way"
+        if (raw or index in shared) and contents is not None and contents.ByteSize() > 0:
+            where = (
+                "it lies in shared memory"
+                if index in shared
+                else "the request uses raw_input_contents"
             )
+            raise InvalidArgument(
+                f"input {tensor.name[:100]!r} sets contents while {where}: "
+                "send every input's data one way"
+            )
+        data = shared.get(index)
+        if data is None and raw:
+            data, next_raw = raw[next_raw], next_raw + 1
         tensors[tensor.name] = decode_tensor(
-            tensor.name,
-            tensor.datatype,
-            tensor.shape,
-            raw=raw[index] if raw else None,
-            contents=contents,
+            tensor.name, tensor.datatype, tensor.shape, raw=data, contents=contents
         )
     return tensors
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.multiprocess.titles import SUPERVISOR_TITLE, set_process_title
-from serving.server_config import ServerConfig
+from serving.server_config import REGIONS_FOLDER_ENV, ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ class Supervisor:
         # Set before any child imports prometheus_client: every process then writes its metric
         # values into this folder, which the supervisor's /metrics adds up.
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(self.metrics_dir)
+        # The frontends share one system shared memory registry (a region registered through
+        # one serves requests on all): every frontend opens this folder.
+        os.environ[REGIONS_FOLDER_ENV] = str(self.workdir / "regions")
         self.address = str(self.workdir / "engine.sock")
         self.context = multiprocessing.get_context("spawn")
         self.engine: BaseProcess | None = None

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from serving.errors import InvalidArgument, NotFound
+from serving.kserve import shared_memory
 from serving.kserve.execute import infer
 from serving.kserve.repository_index import repository_index
 from serving.kserve.request import prepare
@@ -22,17 +23,20 @@ from serving.kserve.signature import platform, signature
 from serving.kserve.statistics import model_statistics
 from serving.kserve.stream import stream_responses
 from serving.kserve.triton_config import SERVER_NAME, model_config, model_ready, server_version
+from serving.metrics import ServingMetrics
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.served import ServedModel
-from serving.services.common import Servicer, deadline_of, served_call, unary
+from serving.services.common import ServerState, Servicer, deadline_of, served_call, unary
 
 _END = object()
 # Triton's protocol extensions attnserve serves (ServerMetadata lists them): top-k
 # "classification" outputs, request "parameters", ModelConfig ("model_configuration") and
 # ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
-# is listed). Not listed: what it leaves out (model_repository, shared memory, trace, logging).
+# is listed), and "system_shared_memory" where it is on. Not listed: what it leaves out
+# (model_repository, cuda_shared_memory, trace, logging).
 EXTENSIONS = ("classification", "model_configuration", "parameters", "statistics")
+SHARED_MEMORY_EXTENSION = "system_shared_memory"
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -46,7 +50,19 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
 
     Health and metadata answer while the server drains (Triton: live stays true and ready turns
     false while the server shuts down); inference is refused with UNAVAILABLE then.
+    ``regions``: the server's system shared memory regions (None: the extension is off).
     """
+
+    def __init__(
+        self,
+        repository: Any,
+        metrics: ServingMetrics,
+        state: ServerState,
+        regions: shared_memory.SharedMemoryRegions | None = None,
+    ) -> None:
+        super().__init__(repository, metrics, state)
+        self.regions = regions
+        self.extensions = [*EXTENSIONS, *([SHARED_MEMORY_EXTENSION] if regions else [])]
 
     def _model(self, name: str, version: str) -> ServedModel:
         if not name:
@@ -84,7 +100,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary("ServerMetadata", lambda r: "", refuse_when_draining=False)
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any):
         return pb.ServerMetadataResponse(
-            name=SERVER_NAME, version=server_version(), extensions=list(EXTENSIONS)
+            name=SERVER_NAME, version=server_version(), extensions=self.extensions
         )
 
     @unary("ModelMetadata", lambda r: r.name, refuse_when_draining=False)
@@ -124,11 +140,47 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any):
         return repository_index(self.repository, request.repository_name, request.ready)
 
+    # --- system shared memory -------------------------------------------------------------------
+    def _regions(self) -> shared_memory.SharedMemoryRegions:
+        if self.regions is None:
+            raise shared_memory.off()
+        return self.regions
+
+    @unary("SystemSharedMemoryStatus", lambda r: "")
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ):
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._regions().status(request.name):
+            response.regions[region.name].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region.name,
+                    key=region.key,
+                    offset=region.offset,
+                    byte_size=region.byte_size,
+                )
+            )
+        return response
+
+    @unary("SystemSharedMemoryRegister", lambda r: "")
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ):
+        self._regions().register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @unary("SystemSharedMemoryUnregister", lambda r: "")
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ):
+        self._regions().unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
     # --- inference ------------------------------------------------------------------------------
     @unary("ModelInfer", lambda r: r.model_name)
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
         model = self._model(request.model_name, request.model_version)
-        return await infer(prepare(model, request, deadline_of(context)))
+        return await infer(prepare(model, request, deadline_of(context), self.regions))
 
     async def ModelStreamInfer(
         self,
@@ -203,6 +255,6 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             self, "ModelStreamInfer", request.model_name, context, report=report
         ):
             model = self._model(request.model_name, request.model_version)
-            call = prepare(model, request, deadline_of(context))
+            call = prepare(model, request, deadline_of(context), self.regions)
             async for response in stream_responses(call):
                 send(pb.ModelStreamInferResponse(infer_response=response))

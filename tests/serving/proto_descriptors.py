@@ -45,6 +45,15 @@ TRITON_METHODS = {
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse", False, False),
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse", False, False),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse", False, False),
+    **{
+        f"SystemSharedMemory{rpc}": (
+            f"SystemSharedMemory{rpc}Request",
+            f"SystemSharedMemory{rpc}Response",
+            False,
+            False,
+        )
+        for rpc in ("Status", "Register", "Unregister")
+    },
 }
 
 # Every message and field of our `inference` package, transcribed from Triton's
@@ -134,6 +143,19 @@ ModelStatistics inference_count 4 uint64
 ModelStatistics execution_count 5 uint64
 ModelStatistics inference_stats 6 InferStatistics
 ModelStatisticsResponse model_stats 1 repeated ModelStatistics
+SystemSharedMemoryStatusRequest name 1 string
+SystemSharedMemoryStatusResponse regions 1 map<string, SystemSharedMemoryStatusResponse.RegionStatus>
+SystemSharedMemoryStatusResponse.RegionStatus name 1 string
+SystemSharedMemoryStatusResponse.RegionStatus key 2 string
+SystemSharedMemoryStatusResponse.RegionStatus offset 3 uint64
+SystemSharedMemoryStatusResponse.RegionStatus byte_size 4 uint64
+SystemSharedMemoryRegisterRequest name 1 string
+SystemSharedMemoryRegisterRequest key 2 string
+SystemSharedMemoryRegisterRequest offset 3 uint64
+SystemSharedMemoryRegisterRequest byte_size 4 uint64
+SystemSharedMemoryRegisterResponse
+SystemSharedMemoryUnregisterRequest name 1 string
+SystemSharedMemoryUnregisterResponse
 RepositoryIndexRequest repository_name 1 string
 RepositoryIndexRequest ready 2 bool
 RepositoryIndexResponse models 1 repeated RepositoryIndexResponse.ModelIndex
@@ -196,7 +218,7 @@ ModelConfig dynamic_batching 11 ModelDynamicBatching
 ModelConfig parameters 14 map<string, ModelParameter>
 ModelConfig backend 17 string
 ModelConfig model_transaction_policy 19 ModelTransactionPolicy
-"""
+"""  # noqa: E501 (one line per field, as the table reads)
 
 # fmt: off
 TRITON_ENUMS = {

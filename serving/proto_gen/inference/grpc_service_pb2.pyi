@@ -342,6 +342,62 @@ class RepositoryIndexResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[RepositoryIndexResponse.ModelIndex]
     def __init__(self, models: _Optional[_Iterable[_Union[RepositoryIndexResponse.ModelIndex, _Mapping]]] = ...) -> None: ...
 
+class SystemSharedMemoryStatusRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryStatusResponse(_message.Message):
+    __slots__ = ("regions",)
+    class RegionStatus(_message.Message):
+        __slots__ = ("name", "key", "offset", "byte_size")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        OFFSET_FIELD_NUMBER: _ClassVar[int]
+        BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        key: str
+        offset: int
+        byte_size: int
+        def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+    class RegionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: SystemSharedMemoryStatusResponse.RegionStatus
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[SystemSharedMemoryStatusResponse.RegionStatus, _Mapping]] = ...) -> None: ...
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.MessageMap[str, SystemSharedMemoryStatusResponse.RegionStatus]
+    def __init__(self, regions: _Optional[_Mapping[str, SystemSharedMemoryStatusResponse.RegionStatus]] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterRequest(_message.Message):
+    __slots__ = ("name", "key", "offset", "byte_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., byte_size: _Optional[int] = ...) -> None: ...
+
+class SystemSharedMemoryRegisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SystemSharedMemoryUnregisterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SystemSharedMemoryUnregisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ModelConfigRequest(_message.Message):
     __slots__ = ("name", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]

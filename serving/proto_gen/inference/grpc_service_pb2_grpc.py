@@ -85,6 +85,21 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
                 response_deserializer=inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
+        self.SystemSharedMemoryStatus = channel.unary_unary(
+                '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
+                request_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+                _registered_method=True)
+        self.SystemSharedMemoryRegister = channel.unary_unary(
+                '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
+                request_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+                _registered_method=True)
+        self.SystemSharedMemoryUnregister = channel.unary_unary(
+                '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
+                request_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -162,6 +177,27 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SystemSharedMemoryStatus(self, request, context):
+        """The system shared memory regions registered (one by name, or all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SystemSharedMemoryRegister(self, request, context):
+        """Register a region of a POSIX shared memory object for inputs and outputs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SystemSharedMemoryUnregister(self, request, context):
+        """Unregister a region (an empty name: every region).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -214,6 +250,21 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryIndex,
                     request_deserializer=inference_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
                     response_serializer=inference_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.SystemSharedMemoryStatus,
+                    request_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.SerializeToString,
+            ),
+            'SystemSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
+                    servicer.SystemSharedMemoryRegister,
+                    request_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.SerializeToString,
+            ),
+            'SystemSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.SystemSharedMemoryUnregister,
+                    request_deserializer=inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -487,6 +538,87 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/RepositoryIndex',
             inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
             inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SystemSharedMemoryStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
+            inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SystemSharedMemoryRegister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
+            inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SystemSharedMemoryUnregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
+            inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,10 +23,14 @@ from tests.serving.server_thread import ServerThread
 
 
 def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
-    """The server under fuzzing: in this process, or `attnserve serve` with frontend processes."""
+    """The server under fuzzing: in this process, or `attnserve serve` with frontend processes
+    (system shared memory on, so that its RPCs and request parameters are fuzzed too)."""
     if frontends == 1:
-        return ServerThread(repository, metrics_port=-1)
-    workers = ("--frontend-workers", str(frontends), "--metrics-port", "-1")
+        return ServerThread(repository, metrics_port=-1, system_shared_memory=True)
+    workers = (
+        *("--frontend-workers", str(frontends), "--metrics-port", "-1"),
+        "--system-shared-memory",
+    )
     return ServeProcess(repository, *workers)
 
 

@@ -26,6 +26,9 @@ GOOD_MESSAGES = [
         parameters={"target_language": kpb.InferParameter(string_param="de")},
     ).SerializeToString(),
     kpb.ModelMetadataRequest(name="vit").SerializeToString(),
+    kpb.SystemSharedMemoryRegisterRequest(
+        name="r", key="/attnserve-fuzz-none", offset=0, byte_size=64
+    ).SerializeToString(),
 ]
 METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-stream
     ("/attnserve.v1.AttnServe/Translate", "uu"),
@@ -45,6 +48,9 @@ METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-strea
     ("/inference.GRPCInferenceService/RepositoryIndex", "uu"),
     ("/inference.GRPCInferenceService/ModelInfer", "uu"),
     ("/inference.GRPCInferenceService/ModelStreamInfer", "ss"),
+    ("/inference.GRPCInferenceService/SystemSharedMemoryStatus", "uu"),
+    ("/inference.GRPCInferenceService/SystemSharedMemoryRegister", "uu"),
+    ("/inference.GRPCInferenceService/SystemSharedMemoryUnregister", "uu"),
     ("/grpc.health.v1.Health/Check", "uu"),
     ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "ss"),
 ]

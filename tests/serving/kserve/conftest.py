@@ -1,6 +1,6 @@
 """One real server for all KServe v2 / Triton protocol tests of this package (a package-scoped
-fixture: started before the package's first test, stopped after its last), with a stub of our
-generated code and an unmodified tritonclient on it."""
+fixture: started before the package's first test, stopped after its last; system shared memory
+on), with a stub of our generated code and an unmodified tritonclient on it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ TRITON = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=
 
 @pytest.fixture(scope="package")
 def server(tiny_repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(tiny_repository, metrics_port=-1) as running:
+    with ServerThread(tiny_repository, metrics_port=-1, system_shared_memory=True) as running:
         yield running
 
 

@@ -37,6 +37,7 @@ def test_live_ready_and_server_metadata(stub: pb_grpc.GRPCInferenceServiceStub) 
         "model_configuration",
         "parameters",
         "statistics",
+        "system_shared_memory",
     ]
 
 

@@ -44,6 +44,16 @@ def test_vit_with_generated_data_and_no_flags(
         assert record["flags"] == []
 
 
+def test_vit_through_system_shared_memory(
+    perf_analyzer: PerfAnalyzer, server: ServerThread
+) -> None:
+    """``--shared-memory system``: perf_analyzer registers a region per input and output, sends
+    none of their bytes in the messages and checks nothing failed."""
+    record = perf_analyzer.run(server.address, "vit", 2, window_ms=400, shared_memory="system")
+    _check(record)
+    assert record["flags"] == ["--shared-memory", "system"]
+
+
 def test_captioner_streams(perf_analyzer: PerfAnalyzer, server: ServerThread) -> None:
     record = perf_analyzer.run(
         server.address,

@@ -42,7 +42,10 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 @pytest.fixture(scope="module")
 def servers(tiny_repository: Path) -> Iterator[tuple[ServeProcess, ServeProcess]]:
     single = ServeProcess(tiny_repository, "--metrics-port", "0").start()
-    multi = ServeProcess(tiny_repository, "--metrics-port", "0", "--frontend-workers", "2").start()
+    multi = ServeProcess(
+        tiny_repository,
+        *("--metrics-port", "0", "--frontend-workers", "2", "--system-shared-memory"),
+    ).start()
     try:
         yield single, multi
     finally:
@@ -155,6 +158,54 @@ def test_metrics_add_up_over_the_processes(servers) -> None:
     assert sample(after, "attnserve_batch_size_count", model="vit", stage="classifier") > 0
     success, inferred, queued = before_statistics[0]
     assert vit_statistics(multi.address) == [(success + 24, inferred + 24, queued + 24)] * 4
+
+
+def test_a_region_registered_through_one_frontend_serves_every_frontend(servers) -> None:
+    """A client's connections are spread over the frontends: a region registered over one is
+    used, listed and unregistered over 8 others alike."""
+    _, multi = servers
+    pixels = np.linspace(-1, 1, 3 * 32 * 32, dtype=np.float32).reshape(1, 3, 32, 32)
+    key = f"attnserve-test-{os.getpid()}"
+    shm = Path("/dev/shm", key)
+    shm.write_bytes(pixels.tobytes())
+
+    def stubs() -> Iterator[kpb_grpc.GRPCInferenceServiceStub]:
+        for _ in range(8):
+            with grpc.insecure_channel(multi.address, options=OWN_CONNECTION) as channel:
+                yield kpb_grpc.GRPCInferenceServiceStub(channel)
+
+    request = kpb.ModelInferRequest(model_name="vit")
+    header, raw = input_tensor("pixel_values", "FP32", pixels)
+    request.inputs.append(header)
+    request.raw_input_contents.append(raw)
+    try:
+        with grpc.insecure_channel(multi.address, options=OWN_CONNECTION) as channel:
+            stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+            expected = decode_outputs(stub.ModelInfer(request, timeout=TIMEOUT))
+            stub.SystemSharedMemoryRegister(
+                kpb.SystemSharedMemoryRegisterRequest(
+                    name="pixels", key="/" + key, byte_size=pixels.nbytes
+                ),
+                timeout=TIMEOUT,
+            )
+        del request.raw_input_contents[:]
+        request.inputs[0].parameters["shared_memory_region"].string_param = "pixels"
+        request.inputs[0].parameters["shared_memory_byte_size"].int64_param = pixels.nbytes
+        for stub in stubs():
+            status = stub.SystemSharedMemoryStatus(kpb.SystemSharedMemoryStatusRequest())
+            assert list(status.regions) == ["pixels"]
+            got = decode_outputs(stub.ModelInfer(request, timeout=TIMEOUT))
+            np.testing.assert_array_equal(got["probabilities"], expected["probabilities"])
+        with grpc.insecure_channel(multi.address, options=OWN_CONNECTION) as channel:
+            kpb_grpc.GRPCInferenceServiceStub(channel).SystemSharedMemoryUnregister(
+                kpb.SystemSharedMemoryUnregisterRequest(), timeout=TIMEOUT
+            )
+        for stub in stubs():
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(request, timeout=TIMEOUT)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        shm.unlink(missing_ok=True)
 
 
 def test_cancelled_streams_free_the_engine_rows(tiny_repository: Path, tmp_path: Path) -> None:
