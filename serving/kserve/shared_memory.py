@@ -22,11 +22,13 @@ so it is for clients on the same host that are trusted as much as the server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import stat
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -109,10 +111,13 @@ class SharedMemoryRegions:
         self.max_bytes = max_bytes
         self.root = root
         folder.mkdir(parents=True, exist_ok=True)
+        # a registration's file content (it holds a nonce: a name registered again reads
+        # differently) -> the region, so that a lookup reads the file but parses it once
+        self._parsed: dict[bytes, Region] = {}
 
     # --- the registry ---------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
-        return self.folder / (hashlib.sha256(name.encode()).hexdigest() + ".json")
+        return self.folder / _file_name(name)
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> Region:
         """Register ``byte_size`` bytes from ``offset`` of object ``key`` as ``name``.
@@ -150,7 +155,7 @@ class SharedMemoryRegions:
         handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         try:
             with os.fdopen(handle, "w") as out:
-                json.dump(asdict(region), out)
+                json.dump({"region": asdict(region), "nonce": uuid.uuid4().hex}, out)
             os.link(temporary, self._file(region.name))
         except FileExistsError:
             raise AlreadyExists(
@@ -178,7 +183,7 @@ class SharedMemoryRegions:
         regions = []
         for file in self.folder.glob("*.json"):
             with contextlib.suppress(FileNotFoundError):  # unregistered meanwhile
-                regions.append(Region(**json.loads(file.read_text())))
+                regions.append(self._read(str(file)))
         return sorted(regions, key=lambda r: r.name)
 
     def get(self, name: str) -> Region:
@@ -188,12 +193,26 @@ class SharedMemoryRegions:
             NotFound: no region of that name.
         """
         try:
-            return Region(**json.loads(self._file(name).read_text()))
+            return self._read(f"{self.folder}/{_file_name(name)}")
         except FileNotFoundError:
             raise NotFound(
                 f"no shared memory region named {name[:80]!r} is registered; send the name of a "
                 "registered region (SystemSharedMemoryStatus lists them) or register it first"
             ) from None
+
+    def _read(self, path: str) -> Region:
+        """The region a registration file holds (a request reads it: no pathlib, one parse)."""
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 1 << 16)  # a name and a key: a few KB at most
+        finally:
+            os.close(fd)
+        region = self._parsed.get(data)
+        if region is None:
+            if len(self._parsed) >= 2 * MAX_REGIONS:  # registrations come and go: stay bounded
+                self._parsed.clear()
+            region = self._parsed[data] = Region(**json.loads(data)["region"])
+        return region
 
     # --- tensors in regions ---------------------------------------------------------------------
     def slice(self, parameters: Any, what: str) -> Slice | None:
@@ -263,7 +282,7 @@ class SharedMemoryRegions:
     @contextlib.contextmanager
     def _open(self, key: str, flags: int) -> Iterator[int]:
         """A descriptor of object ``key``: a regular file directly under the root (no links)."""
-        path = self.root / object_name(key)
+        path = f"{self.root}/{object_name(key)}"
         try:
             fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
@@ -290,6 +309,12 @@ class SharedMemoryRegions:
             yield fd
         finally:
             os.close(fd)
+
+
+@functools.lru_cache(maxsize=4 * MAX_REGIONS)
+def _file_name(name: str) -> str:
+    """A region's registration file: any name, a safe file name of fixed length."""
+    return hashlib.sha256(name.encode()).hexdigest() + ".json"
 
 
 def off() -> FailedPrecondition:
