@@ -133,6 +133,8 @@ async def create_server(
         port = server.add_secure_port(address, credentials)
     if port == 0:
         await repository.stop(0)
+        if own_folder is not None:
+            shutil.rmtree(own_folder, ignore_errors=True)
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
     await server.start()
     await _set_health(health, health_pb2.HealthCheckResponse.SERVING)

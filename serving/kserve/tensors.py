@@ -314,9 +314,9 @@ def decode_inputs(
     plain = len(request.inputs) - len(shared)
     if raw and len(raw) != plain:
         raise InvalidArgument(
-            f"the request has {plain} inputs outside shared memory but {len(raw)} "
-            "raw_input_contents entries: send one raw entry per such input, in the order of "
-            "`inputs` (or none, and put the data in each input's contents)"
+            f"the request has {plain} inputs{' outside shared memory' if shared else ''} but "
+            f"{len(raw)} raw_input_contents entries: send one raw entry per such input, in the "
+            "order of `inputs` (or none, and put the data in each input's contents)"
         )
     tensors: dict[str, Tensor] = {}
     next_raw = 0
