@@ -1,21 +1,32 @@
 """Fuzzing KServe v2 ModelInfer and ModelStreamInfer: any model, input names, datatypes,
-shapes, raw or typed data (broken BYTES length prefixes), parameters and requested outputs."""
+shapes, raw or typed data (broken BYTES length prefixes), parameters and requested outputs;
+inputs and outputs in system shared memory (a registered region of random bytes, or none)."""
 
 from __future__ import annotations
 
 import collections
 import math
+import os
 import struct
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from serving.kserve.tensors import DATATYPES, NUMERIC_DTYPES, decode_outputs, encode_bytes
+from serving.kserve.tensors import DATATYPES, NUMERIC_DTYPES, encode_bytes
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
-from tests.reliability.fuzz.checker import ALLOWED, Fuzz, budget, check_stream_response
+from tests.reliability.fuzz.checker import (
+    ALLOWED,
+    Fuzz,
+    budget,
+    carried_outputs,
+    check_stream_response,
+)
 from tests.reliability.fuzz.strategies import (
     EDGE_FLOATS,
     IMAGE_POOL,
@@ -42,6 +53,10 @@ OPTION_NAMES = [
     "num_alternatives",
     "bogus",
 ]
+REGION = "fuzz"  # registered on the fuzzed server: REGION_BYTES random bytes
+REGION_BYTES = 64 * 1024
+REGION_NAMES = [REGION, REGION, "nope", ""]
+SHM_SIZES = st.one_of(st.integers(0, REGION_BYTES), st.sampled_from([-1, 2**40, 2**63 - 1]))
 dims = st.one_of(
     st.integers(0, 4),
     st.sampled_from([-1, -(2**63), 3, 32, 48, 2**31, 2**40, 2**63 - 1]),
@@ -130,6 +145,24 @@ def numeric_data(draw: st.DrawFn, datatype: str, count: int) -> bytes:
 
 
 @st.composite
+def shared_memory(draw: st.DrawFn) -> dict[str, kpb.InferParameter]:
+    """A tensor's shared memory parameters: the registered region or none, any size, offset and
+    parameter types, sometimes one left out."""
+    region = draw(st.sampled_from(REGION_NAMES))
+    params = {
+        "shared_memory_region": kpb.InferParameter(string_param=region),
+        "shared_memory_byte_size": kpb.InferParameter(int64_param=draw(SHM_SIZES)),
+    }
+    if draw(st.booleans()):
+        params["shared_memory_offset"] = kpb.InferParameter(int64_param=draw(SHM_SIZES))
+    if draw(st.integers(0, 5)) == 0:
+        del params[draw(st.sampled_from(sorted(params)))]
+    if draw(st.integers(0, 5)) == 0:
+        params["shared_memory_byte_size"] = kpb.InferParameter(string_param="12")
+    return params
+
+
+@st.composite
 def infer_requests(draw: st.DrawFn, deep: bool = False) -> kpb.ModelInferRequest:
     """A ModelInferRequest: any model, inputs of any name / datatype / shape / data, parameters,
     requested outputs. ``deep``: real models and input names, so validation goes further."""
@@ -162,7 +195,10 @@ def infer_requests(draw: st.DrawFn, deep: bool = False) -> kpb.ModelInferRequest
             data = draw(numeric_data(datatype, count))
         else:
             data = draw(st.binary(max_size=16))
-        if raw:
+        if draw(st.integers(0, 4)) == 0:  # in shared memory instead
+            for key, value in draw(shared_memory()).items():
+                tensor.parameters[key].CopyFrom(value)
+        elif raw:
             request.raw_input_contents.append(data)
         elif datatype == "BYTES":
             tensor.contents.bytes_contents.extend(
@@ -195,6 +231,9 @@ def infer_requests(draw: st.DrawFn, deep: bool = False) -> kpb.ModelInferRequest
             output.parameters["classification"].CopyFrom(
                 kpb.InferParameter(int64_param=draw(small_ints))
             )
+        if draw(st.integers(0, 3)) == 0:
+            for key, value in draw(shared_memory()).items():
+                output.parameters[key].CopyFrom(value)
     return request
 
 
@@ -206,15 +245,41 @@ def kserve_allowed(request: kpb.ModelInferRequest) -> set[grpc.StatusCode]:
 
 
 def check_infer_response(request: kpb.ModelInferRequest, response: kpb.ModelInferResponse) -> None:
-    outputs = decode_outputs(response)  # well-formed tensors
+    """Well-formed outputs; one written to shared memory has an empty raw entry and fits."""
     wanted = [o.name for o in request.outputs]
     if wanted:
         assert [o.name for o in response.outputs] == wanted
-    assert response.id == request.id
-    assert outputs
+    assert response.id == request.id and response.outputs
+    asked = {o.name: o.parameters for o in request.outputs}
+    for output in response.outputs:
+        if "shared_memory_region" in output.parameters:
+            written = output.parameters["shared_memory_byte_size"].int64_param
+            assert written <= asked[output.name]["shared_memory_byte_size"].int64_param
+    carried_outputs(response)
 
 
-def test_fuzz_kserve_infer(fuzz: Fuzz) -> None:
+@pytest.fixture(scope="module")
+def shm_object() -> Iterator[str]:
+    """The object behind the registered region: random bytes in /dev/shm."""
+    key = f"attnserve-fuzz-{os.getpid()}"
+    path = Path("/dev/shm", key)
+    path.write_bytes(np.random.default_rng(0).bytes(REGION_BYTES))
+    yield "/" + key
+    path.unlink(missing_ok=True)
+
+
+def register_region(fuzz: Fuzz, key: str) -> None:
+    """Register REGION on the fuzzed server (once per server; a second time is no error)."""
+    request = kpb.SystemSharedMemoryRegisterRequest(name=REGION, key=key, byte_size=REGION_BYTES)
+    try:
+        fuzz.kserve.SystemSharedMemoryRegister(request, timeout=30)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.ALREADY_EXISTS, err
+
+
+def test_fuzz_kserve_infer(fuzz: Fuzz, shm_object: str) -> None:
+    register_region(fuzz, shm_object)
+
     @budget("kserve_infer")
     @given(request=infer_requests())
     def run(request: kpb.ModelInferRequest) -> None:
@@ -227,8 +292,9 @@ def test_fuzz_kserve_infer(fuzz: Fuzz) -> None:
     fuzz.assert_still_correct()
 
 
-def test_fuzz_kserve_tensors(fuzz: Fuzz) -> None:
+def test_fuzz_kserve_tensors(fuzz: Fuzz, shm_object: str) -> None:
     """Real models and input names with wrong datatypes, shapes, byte lengths and BYTES data."""
+    register_region(fuzz, shm_object)
 
     @budget("kserve_tensors")
     @given(request=infer_requests(deep=True))
@@ -242,7 +308,9 @@ def test_fuzz_kserve_tensors(fuzz: Fuzz) -> None:
     fuzz.assert_still_correct()
 
 
-def test_fuzz_kserve_stream(fuzz: Fuzz) -> None:
+def test_fuzz_kserve_stream(fuzz: Fuzz, shm_object: str) -> None:
+    register_region(fuzz, shm_object)
+
     @budget("kserve_stream")
     @given(requests=st.lists(st.one_of(infer_requests(), infer_requests(deep=True)), max_size=4))
     def run(requests: list[kpb.ModelInferRequest]) -> None:
