@@ -7,7 +7,9 @@ Starts ``attnserve serve`` on ``--repository`` (the shipped models exported into
 ``model_repository/`` on first use, as ``make run`` does) as a child process, then drives it
 from ``--concurrency`` grpc.aio workers with a mix of Translate (1-3 texts), TranslateStream,
 Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes, translator
-text) calls, every one with a valid request (texts the translator refuses as too long are left
+text; ViT pixels in system shared memory, each call creating, registering, unregistering and
+removing its own region, where the server lists the extension) calls, every one with a valid
+request (texts the translator refuses as too long are left
 out of the mix first). Every ``--interval`` seconds it samples the resident memory of the server
 process and every process under it (VmRSS from /proc, summed: with ``--frontend-workers N`` the
 supervisor, the engine process and the N frontends), and each process's own RSS under its name
@@ -18,7 +20,9 @@ An error is any call that does not end OK, or a greedy answer that differs from 
 answer the same input got (every input repeats). RSS growth is measured after the warm-up: the
 median of the samples in the last ``--window`` seconds of the warm-up against the median of
 those in the run's last ``--window`` seconds. The JSON report (stdout, and ``--out``) holds the
-calls and errors per kind, latency percentiles, throughput, RSS samples and growth. Exit code 0
+calls and errors per kind, latency percentiles, throughput, RSS samples and growth, the server
+tree's open file descriptors at the start and the end, and the shared memory regions left
+registered at the end (none: any is an error). Exit code 0
 when there were no errors and the growth is at most ``--max-growth`` (default 0.05).
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -60,8 +65,10 @@ KINDS = (
     "classify",
     "kserve_vit",
     "kserve_translate",
+    "kserve_vit_shm",
 )
-WEIGHTS = (3, 3, 1, 1, 2, 1, 1)  # translation is most of the traffic, as in the benchmarks
+WEIGHTS = (3, 3, 1, 1, 2, 1, 1, 1)  # translation is most of the traffic, as in the benchmarks
+SHM = Path("/dev/shm")
 
 
 # --- the server process ---------------------------------------------------------------------------
@@ -205,6 +212,40 @@ class Traffic:
         outputs = decode_outputs(await self.kserve.ModelInfer(request, timeout=60))
         self.tally.answer("kserve_vit", ("digit", index), outputs["label"][0].decode())
 
+    async def kserve_vit_shm(self, i: int) -> None:
+        """The pixels from a region of a new shared memory object, the probabilities into it at
+        offset 16384, the label in the message; the region unregistered, the object removed."""
+        index = i % len(self.inputs.pixels)
+        pixels = self.inputs.pixels[index : index + 1]
+        key, name = f"attnserve-soak-{os.getpid()}-{i}", f"soak-{i}"
+        (SHM / key).write_bytes(pixels.tobytes().ljust(16384 + 1024, b"\0"))
+        try:
+            await self.kserve.SystemSharedMemoryRegister(
+                kpb.SystemSharedMemoryRegisterRequest(name=name, key="/" + key, byte_size=17408),
+                timeout=60,
+            )
+            request = kpb.ModelInferRequest(model_name="vit", id=str(i))
+            tensor, _ = input_tensor("pixel_values", "FP32", pixels)
+            _in_region(tensor.parameters, name, pixels.nbytes, 0)
+            request.inputs.append(tensor)
+            _in_region(request.outputs.add(name="probabilities").parameters, name, 1024, 16384)
+            request.outputs.add(name="label")
+            try:
+                reply = await self.kserve.ModelInfer(request, timeout=60)
+                size = reply.outputs[0].parameters["shared_memory_byte_size"].int64_param
+                written = (SHM / key).read_bytes()[16384 : 16384 + size]
+            finally:
+                await self.kserve.SystemSharedMemoryUnregister(
+                    kpb.SystemSharedMemoryUnregisterRequest(name=name), timeout=60
+                )
+        finally:
+            (SHM / key).unlink(missing_ok=True)
+        probabilities = np.frombuffer(written, dtype=np.float32)
+        if reply.raw_output_contents[0] or abs(float(probabilities.sum()) - 1) > 1e-3:
+            raise ValueError(f"probabilities in shared memory: {probabilities}")
+        label = reply.raw_output_contents[1][4:].decode()  # one length-prefixed BYTES element
+        self.tally.answer("kserve_vit_shm", ("digit", index), label)
+
     async def kserve_translate(self, i: int) -> None:
         source, language = self.inputs.texts[i % len(self.inputs.texts)]
         request = kpb.ModelInferRequest(model_name="translator", id=str(i))
@@ -215,6 +256,12 @@ class Traffic:
         outputs = decode_outputs(await self.kserve.ModelInfer(request, timeout=60))
         text = outputs["translation"][0].decode()
         self.tally.answer("kserve_translate", ("text", source, language), text)
+
+
+def _in_region(parameters: Any, region: str, byte_size: int, offset: int) -> None:
+    parameters["shared_memory_region"].string_param = region
+    parameters["shared_memory_byte_size"].int64_param = byte_size
+    parameters["shared_memory_offset"].int64_param = offset
 
 
 async def usable_texts(address: str, inputs: Inputs) -> Inputs:
@@ -237,19 +284,26 @@ async def usable_texts(address: str, inputs: Inputs) -> Inputs:
 
 
 async def drive(
-    address: str, inputs: Inputs, tally: Tally, concurrency: int, stop_at: float, seed: int = 0
+    address: str,
+    inputs: Inputs,
+    tally: Tally,
+    concurrency: int,
+    stop_at: float,
+    seed: int = 0,
+    kinds: tuple[str, ...] = KINDS,
 ) -> None:
-    """``concurrency`` workers calling the mix until ``stop_at`` (monotonic seconds)."""
+    """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s)."""
     rng = np.random.default_rng(seed)
-    probabilities = np.asarray(WEIGHTS, dtype=float) / sum(WEIGHTS)
+    weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
+    probabilities = weights / weights.sum()
     async with grpc.aio.insecure_channel(address) as channel:
         traffic = Traffic(channel, inputs, tally)
-        calls: dict[str, Callable[[int], Awaitable[None]]] = {k: getattr(traffic, k) for k in KINDS}
+        calls: dict[str, Callable[[int], Awaitable[None]]] = {k: getattr(traffic, k) for k in kinds}
         counter = iter(range(1 << 62))
 
         async def worker() -> None:
             while time.monotonic() < stop_at:
-                kind = str(rng.choice(KINDS, p=probabilities))
+                kind = str(rng.choice(kinds, p=probabilities))
                 i = next(counter)
                 started = time.perf_counter()
                 try:
@@ -368,17 +422,24 @@ def soak(
     server = None
     if address is None:
         flags = ("--metrics-port", "-1", "--frontend-workers", str(frontend_workers))
+        flags += ("--system-shared-memory",) * SHM.is_dir()
         server = ServeProcess(repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
     inputs = asyncio.run(usable_texts(address, inputs))
+    shm = SHM.is_dir() and asyncio.run(_serves_shared_memory(address))
+    kinds = KINDS if shm else tuple(kind for kind in KINDS if kind != "kserve_vit_shm")
     processes = len(process_tree(pid))
+    fds = {"start": open_fds(pid)}
     tally = Tally()
     started = time.monotonic()
     sampler = RssSampler(pid, interval, started).start()
     exit_code = None
     try:
-        asyncio.run(drive(address, inputs, tally, concurrency, started + duration))
+        asyncio.run(drive(address, inputs, tally, concurrency, started + duration, kinds=kinds))
+        fds["end"] = open_fds(pid)
+        if shm and (left := asyncio.run(_regions_left(address))):
+            tally.error("kserve_vit_shm", f"{left} shared memory regions left registered")
     finally:
         sampler.stop()
         if server is not None:
@@ -395,7 +456,33 @@ def soak(
         distinct_texts=len(inputs.texts),
         exit_code=exit_code,
     )
-    return soak_report(run, tally, sampler.samples, sampler.by_process)
+    report = soak_report(run, tally, sampler.samples, sampler.by_process)
+    return {**report, "open_fds": fds, "kinds": list(kinds)}
+
+
+def open_fds(pid: int) -> int:
+    """Open file descriptors of ``pid`` and every process under it (a leak shows as growth)."""
+    count = 0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):  # a process gone meanwhile
+            count += len(os.listdir(f"/proc/{member}/fd"))
+    return count
+
+
+async def _serves_shared_memory(address: str) -> bool:
+    async with grpc.aio.insecure_channel(address) as channel:
+        meta = await kpb_grpc.GRPCInferenceServiceStub(channel).ServerMetadata(
+            kpb.ServerMetadataRequest(), timeout=60
+        )
+    return "system_shared_memory" in meta.extensions
+
+
+async def _regions_left(address: str) -> int:
+    async with grpc.aio.insecure_channel(address) as channel:
+        status = await kpb_grpc.GRPCInferenceServiceStub(channel).SystemSharedMemoryStatus(
+            kpb.SystemSharedMemoryStatusRequest(), timeout=60
+        )
+    return len(status.regions)
 
 
 def soak_report(

@@ -1,10 +1,12 @@
 """A short soak (``make soak`` runs the 10-minute one on the shipped models).
 
 ``benchmarks.soak`` drives mixed traffic (Translate, TranslateStream, Caption, CaptionStream,
-Classify, KServe ModelInfer) from 8 concurrent grpc.aio workers against an ``attnserve serve``
+Classify, KServe ModelInfer, the ViT's through system shared memory) from 8 concurrent grpc.aio
+workers against an ``attnserve serve``
 process on the tiny repository for ``ATTNSERVE_SOAK_SECONDS`` (default 45) seconds, sampling the
 server's resident memory every second. Asserted: no call failed and every repeated input got
-its first answer again (whatever the API), every kind of call ran, the server exited 0 on
+its first answer again (whatever the API), every kind of call ran, no shared memory region was
+left registered, the server's open file descriptors did not grow, the server exited 0 on
 SIGTERM, and the resident memory grew by at most 5% between the end of the 15 s warm-up and the
 end. The report goes to ``soak_summary.json`` in pytest's base temp directory and is printed.
 With two frontend processes the same soak runs for a third of the time, its memory summed over
@@ -40,7 +42,9 @@ def test_short_soak(
     summary.write_text(json.dumps(report, indent=2))
     print(f"\nsoak summary: {text}")
     assert report["errors"] == 0, report["error_samples"]
-    assert set(report["calls_by_kind"]) == set(KINDS)
+    assert set(report["calls_by_kind"]) == set(report["kinds"]) == set(KINDS)
+    # no descriptor leaks (each shared memory call opens its region's object 2-3 times)
+    assert report["open_fds"]["end"] <= report["open_fds"]["start"] + 16, report["open_fds"]
     assert report["calls"] >= 10 * seconds  # it really drove traffic
     # one process, or the supervisor + the engine process + each frontend (+ the resource
     # tracker multiprocessing's spawn starts)
