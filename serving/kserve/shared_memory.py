@@ -152,6 +152,7 @@ class SharedMemoryRegions:
 
     def _publish(self, region: Region) -> None:
         """Write the region's file whole, or fail if its name is taken (hard link: exclusive)."""
+        self.folder.mkdir(parents=True, exist_ok=True)  # a /tmp cleaner may have removed it
         handle, temporary = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
         try:
             with os.fdopen(handle, "w") as out:

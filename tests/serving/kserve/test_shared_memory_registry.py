@@ -6,6 +6,7 @@ and the input decoder pairs raw entries with the inputs outside shared memory.""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -71,6 +72,20 @@ def test_frontends_sharing_a_folder_share_the_regions(tmp_path: Path, root: Path
     second.unregister("r")
     with pytest.raises(NotFound, match="no shared memory region named 'r'"):
         first.get("r")
+
+
+def test_a_registry_folder_removed_meanwhile_is_made_again(tmp_path: Path, root: Path) -> None:
+    """A long-idle server's folder in /tmp may be cleaned away: lookups find nothing, and the
+    next registration works."""
+    (root / "obj").write_bytes(bytes(8))
+    regions = registry(tmp_path, root)
+    regions.register("a", "/obj", 0, 8)
+    shutil.rmtree(tmp_path / "regions")
+    assert regions.status() == []
+    with pytest.raises(NotFound):
+        regions.get("a")
+    regions.register("a", "/obj", 0, 8)
+    assert [r.name for r in regions.status()] == ["a"]
 
 
 def test_one_of_many_racing_registrations_of_a_name_wins(tmp_path: Path, root: Path) -> None:
