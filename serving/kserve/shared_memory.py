@@ -116,8 +116,9 @@ class SharedMemoryRegions:
         self._parsed: dict[bytes, Region] = {}
 
     # --- the registry ---------------------------------------------------------------------------
-    def _file(self, name: str) -> Path:
-        return self.folder / _file_name(name)
+    def _path(self, name: str) -> str:
+        """Region ``name``'s registration file (a string: requests look it up, no pathlib)."""
+        return f"{self.folder}/{_file_name(name)}"
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> Region:
         """Register ``byte_size`` bytes from ``offset`` of object ``key`` as ``name``.
@@ -157,7 +158,7 @@ class SharedMemoryRegions:
         try:
             with os.fdopen(handle, "w") as out:
                 json.dump({"region": asdict(region), "nonce": uuid.uuid4().hex}, out)
-            os.link(temporary, self._file(region.name))
+            os.link(temporary, self._path(region.name))
         except FileExistsError:
             raise AlreadyExists(
                 f"a shared memory region named {region.name[:80]!r} is registered; unregister "
@@ -168,10 +169,10 @@ class SharedMemoryRegions:
 
     def unregister(self, name: str) -> None:
         """Forget region ``name`` (a name not registered is no error); "" forgets all."""
-        files = list(self.folder.glob("*.json")) if not name else [self._file(name)]
+        files = map(str, self.folder.glob("*.json")) if not name else [self._path(name)]
         for file in files:
             with contextlib.suppress(FileNotFoundError):
-                file.unlink()
+                os.unlink(file)
 
     def status(self, name: str = "") -> list[Region]:
         """Region ``name``, or every region ("").
@@ -194,7 +195,7 @@ class SharedMemoryRegions:
             NotFound: no region of that name.
         """
         try:
-            return self._read(f"{self.folder}/{_file_name(name)}")
+            return self._read(self._path(name))
         except FileNotFoundError:
             raise NotFound(
                 f"no shared memory region named {name[:80]!r} is registered; send the name of a "
@@ -216,17 +217,16 @@ class SharedMemoryRegions:
         return region
 
     # --- tensors in regions ---------------------------------------------------------------------
-    def slice(self, parameters: Any, what: str) -> Slice | None:
-        """The region slice a tensor's parameters name, checked; None when they name none.
+    def slice(self, parameters: Any, what: str) -> Slice:
+        """The region slice a tensor's parameters name (``names_region`` is true), checked.
 
         Raises:
-            InvalidArgument: a parameter of the wrong type, a size or offset out of the region.
+            InvalidArgument: a parameter missing or of the wrong type, a size or offset out of
+                the region.
             NotFound: no region of that name.
         """
-        present = [key for key in PARAMETERS if key in parameters]
-        if not present:
-            return None
         if REGION not in parameters or BYTE_SIZE not in parameters:
+            present = [key for key in PARAMETERS if key in parameters]
             raise InvalidArgument(
                 f"{what} sets {', '.join(present)}; data in shared memory needs both "
                 f"{REGION} (string) and {BYTE_SIZE} (int64), {OFFSET} (int64) optional"
@@ -323,6 +323,11 @@ def off() -> FailedPrecondition:
     return FailedPrecondition(OFF)
 
 
+def names_region(parameters: Any) -> bool:
+    """Whether a tensor's parameters put it in shared memory (any of the three is set)."""
+    return any(key in parameters for key in PARAMETERS)
+
+
 def tensor_slice(parameters: Any, regions: SharedMemoryRegions | None, what: str) -> Slice | None:
     """The slice a tensor's parameters name (None: they name none).
 
@@ -330,7 +335,7 @@ def tensor_slice(parameters: Any, regions: SharedMemoryRegions | None, what: str
         InvalidArgument: they name one on a server with shared memory off, or a bad one.
         NotFound: no region of that name.
     """
-    if not any(key in parameters for key in PARAMETERS):
+    if not names_region(parameters):
         return None
     if regions is None:
         raise InvalidArgument(f"{what} names a shared memory region: {OFF}")
@@ -343,9 +348,9 @@ def shared_inputs(
     """The bytes of each input of ``request`` that lies in shared memory, by input index."""
     found: dict[int, bytes] = {}
     for index, tensor in enumerate(request.inputs):
-        what = f"input {tensor.name[:100]!r}"
-        piece = tensor_slice(tensor.parameters, regions, what)
-        if piece is not None:
-            assert regions is not None  # tensor_slice refuses a slice without regions
+        if names_region(tensor.parameters):  # most requests: none, and no message built
+            what = f"input {tensor.name[:100]!r}"
+            piece = tensor_slice(tensor.parameters, regions, what)
+            assert piece is not None and regions is not None  # or tensor_slice raised
             found[index] = regions.read(piece, what)
     return found

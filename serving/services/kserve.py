@@ -8,6 +8,7 @@ only maps RPCs onto them inside the shared RPC envelope (``serving.services.comm
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -153,12 +154,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         response = pb.SystemSharedMemoryStatusResponse()
         for region in self._regions().status(request.name):
             response.regions[region.name].CopyFrom(
-                pb.SystemSharedMemoryStatusResponse.RegionStatus(
-                    name=region.name,
-                    key=region.key,
-                    offset=region.offset,
-                    byte_size=region.byte_size,
-                )
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(**dataclasses.asdict(region))
             )
         return response
 
