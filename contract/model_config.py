@@ -69,10 +69,17 @@ class DynamicBatching:
     # the CPU's, or with the TensorRT backend; off on the CPU, where a padded row costs as much
     # as a real one.
     batch_buckets: Literal["auto", "on", "off"] = "auto"
+    # Triton's priority levels: 0 = off (one queue, first come first served); N > 0: a request's
+    # priority 1 (highest) .. N is served before every queued request of a lower priority, first
+    # come first served within a level. A request without a priority (0), or with one above N,
+    # takes default_priority_level (1..N).
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
     def __post_init__(self) -> None:
         _at_least_one(self, "max_batch_size", "instances")
         _not_negative(self, "max_queue_delay_us", "max_queue_size", "timeout_ms")
+        _check_priorities(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,6 +120,11 @@ class InFlightBatching:
     # stream K at a time. None (auto): on where the entry has the graph and runs on the CPU
     # (measured there), off on a GPU until measured there; true: wherever the entry has it.
     decode_block: bool | None = None
+    # Priority levels as in dynamic batching: waiting requests join the decode batch highest
+    # priority first (first come first served within a level); running sequences are never
+    # preempted. 0 = off.
+    priority_levels: int = 0
+    default_priority_level: int = 0
 
     def __post_init__(self) -> None:
         _at_least_one(
@@ -124,6 +136,7 @@ class InFlightBatching:
             "join_interval_steps",
         )
         _not_negative(self, "max_queue_size", "timeout_ms", "stream_interval_ms")
+        _check_priorities(self)
 
     @property
     def decode_rows(self) -> int:
@@ -135,6 +148,30 @@ def _at_least_one(section: object, *names: str) -> None:
     for name in names:
         if getattr(section, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(section, name)}")
+
+
+def _check_priorities(section: DynamicBatching | InFlightBatching) -> None:
+    levels, default = section.priority_levels, section.default_priority_level
+    _not_negative(section, "priority_levels", "default_priority_level")
+    if levels == 0 and default != 0:
+        raise ValueError(
+            f"default_priority_level {default} needs priority_levels >= {default}; "
+            "set priority_levels, or default_priority_level 0 (priorities off)"
+        )
+    if levels > 0 and not 1 <= default <= levels:
+        raise ValueError(
+            f"default_priority_level must be 1..{levels} (priority_levels {levels}), got "
+            f"{default}: the level of requests that set no priority"
+        )
+
+
+def priority_level(requested: int, section: DynamicBatching | InFlightBatching) -> int:
+    """The queue level of a request asking for ``requested`` (Triton's rule): itself when it is
+    1..priority_levels, else (0 = none asked, or above the levels) default_priority_level. 0
+    when the model has no priority levels: every request is equal."""
+    if 1 <= requested <= section.priority_levels:
+        return requested
+    return section.default_priority_level
 
 
 def _not_negative(section: object, *names: str) -> None:

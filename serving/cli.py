@@ -132,6 +132,13 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         command.add_argument("--json", action="store_true", help="one JSON object per model")
         command.set_defaults(handler=run_client)
         return
+    command.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="queue priority on a model with priority levels: 1 is the highest (default 0: "
+        "the model's default level)",
+    )
     if name == "translate":
         command.add_argument("text", nargs="+", help="one or more texts")
         command.add_argument("--to", required=True, help="target language: de, fr or es")
@@ -229,10 +236,11 @@ def run_client(args: argparse.Namespace) -> int:
     from serving.client import AttnServeClient, ClientError
     from serving.stats_table import render, statistics_row
 
-    options = {
+    options: dict[str, Any] = {
         key: getattr(args, key, None)
         for key in ("max_new_tokens", "beam_size", "temperature", "top_k", "top_p", "seed")
     }
+    routing: dict[str, Any] = {"model": args.model, "priority": getattr(args, "priority", 0)}
     client = AttnServeClient(
         args.server,
         timeout=args.timeout,
@@ -250,22 +258,24 @@ def run_client(args: argparse.Namespace) -> int:
                 print("\n".join(render(rows, args.json)))
                 return 0
             if args.command == "classify":
-                for label in client.classify(_read(args.image), top_k=args.top_k, model=args.model):
+                image = _read(args.image)
+                labels = client.classify(image, top_k=args.top_k, **routing)
+                for label in labels:
                     print(f"{label.label}\t{label.score:.4f}")
                 return 0
             if args.command == "translate":
                 if args.stream:
                     for text in args.text:
-                        _print_stream(client.translate_stream(text, args.to, args.model, **options))
+                        _print_stream(client.translate_stream(text, args.to, **routing, **options))
                     return 0
-                for result in client.translate(args.text, args.to, args.model, **options):
+                for result in client.translate(args.text, args.to, **routing, **options):
                     print(result.text)
                 return 0
             image = _read(args.image)
             if args.stream:
-                _print_stream(client.caption_stream(image, args.model, **options))
+                _print_stream(client.caption_stream(image, **routing, **options))
             else:
-                print(client.caption(image, args.model, **options).text)
+                print(client.caption(image, **routing, **options).text)
             return 0
         except ClientError as err:
             print(f"attnserve {args.command}: {err}", file=sys.stderr)

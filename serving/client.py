@@ -146,14 +146,17 @@ class AttnServeClient:
         to: str,
         model: str = "",
         timeout: float | None = None,
+        priority: int = 0,
         **options: Any,
     ) -> list[TextResult]:
-        """Translate one or more English texts into language ``to`` (de, fr, es)."""
+        """Translate one or more English texts into language ``to`` (de, fr, es); ``priority``:
+        1 is the highest on a model with priority levels, 0 its default."""
         request = pb.TranslateRequest(
             texts=[texts] if isinstance(texts, str) else texts,
             target_language=to,
             model=model,
             options=decoding_options(**options),
+            priority=priority,
         )
         response = self._call(self.stub.Translate, request, timeout)
         return [
@@ -168,21 +171,36 @@ class AttnServeClient:
         ]
 
     def translate_stream(
-        self, text: str, to: str, model: str = "", timeout: float | None = None, **options: Any
+        self,
+        text: str,
+        to: str,
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
+        **options: Any,
     ) -> Iterator[str]:
         """Text deltas of one translation as the server produces them."""
         request = pb.TranslateStreamRequest(
-            text=text, target_language=to, model=model, options=decoding_options(**options)
+            text=text,
+            target_language=to,
+            model=model,
+            options=decoding_options(**options),
+            priority=priority,
         )
         for message in self._stream(self.stub.TranslateStream, request, timeout):
             if message.delta:
                 yield message.delta
 
     def caption(
-        self, image: bytes, model: str = "", timeout: float | None = None, **options: Any
+        self,
+        image: bytes,
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
+        **options: Any,
     ) -> TextResult:
         """Caption a PNG / JPEG image."""
-        request = pb.CaptionRequest(image=image, model=model, options=decoding_options(**options))
+        request = _caption_request(image, model, priority, options)
         r = self._call(self.stub.Caption, request, timeout)
         return TextResult(
             r.text,
@@ -193,19 +211,29 @@ class AttnServeClient:
         )
 
     def caption_stream(
-        self, image: bytes, model: str = "", timeout: float | None = None, **options: Any
+        self,
+        image: bytes,
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
+        **options: Any,
     ) -> Iterator[str]:
         """Text deltas of a caption as the server produces them."""
-        request = pb.CaptionRequest(image=image, model=model, options=decoding_options(**options))
+        request = _caption_request(image, model, priority, options)
         for message in self._stream(self.stub.CaptionStream, request, timeout):
             if message.delta:
                 yield message.delta
 
     def classify(
-        self, image: bytes, top_k: int = 5, model: str = "", timeout: float | None = None
+        self,
+        image: bytes,
+        top_k: int = 5,
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
     ) -> list[Label]:
         """Top-k labels of a PNG / JPEG image, most likely first."""
-        request = pb.ClassifyRequest(image=image, top_k=top_k, model=model)
+        request = pb.ClassifyRequest(image=image, top_k=top_k, model=model, priority=priority)
         response = self._call(self.stub.Classify, request, timeout)
         return [Label(s.label, s.index, s.score) for s in response.labels]
 
@@ -226,3 +254,11 @@ class AttnServeClient:
         stub = health_pb2_grpc.HealthStub(self.channel)
         response = self._call(stub.Check, health_pb2.HealthCheckRequest(service=service), None)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+
+def _caption_request(
+    image: bytes, model: str, priority: int, options: dict[str, Any]
+) -> pb.CaptionRequest:
+    return pb.CaptionRequest(
+        image=image, model=model, options=decoding_options(**options), priority=priority
+    )

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from contract.model_config import DynamicBatching
+from contract.model_config import DynamicBatching, priority_level
+from serving.batching.priority import insert_by_priority
 from serving.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.metrics import ServingMetrics
 
@@ -77,6 +78,7 @@ class _Pending(Generic[T, R]):
     future: asyncio.Future[R]
     enqueued_at: float
     deadline: float | None
+    priority: int = 0  # queue level (1 first; 0 with priorities off)
 
 
 class Ticket(Generic[R]):
@@ -223,12 +225,14 @@ class DynamicBatcher(Generic[T, R]):
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=False)
 
-    async def submit(self, item: T, *, timeout_s: float | None = None) -> R:
+    async def submit(self, item: T, *, timeout_s: float | None = None, priority: int = 0) -> R:
         """Queue ``item`` and wait for its own result.
 
         Args:
             item: one request's input, as ``run_batch`` takes it.
             timeout_s: the client's remaining deadline; ``settings.timeout_ms`` when None.
+            priority: the client's priority (1 highest; 0 = the default level), resolved
+                against ``settings.priority_levels`` as Triton does.
 
         Returns:
             The result ``run_batch`` returned for this item.
@@ -240,7 +244,7 @@ class DynamicBatcher(Generic[T, R]):
             Internal: ``run_batch`` raised or returned the wrong number of results.
             Exception: whatever exception ``run_batch`` returned for this item.
         """
-        ticket = self.enqueue(item, timeout_s=timeout_s)
+        ticket = self.enqueue(item, timeout_s=timeout_s, priority=priority)
         try:
             return await ticket.future
         except asyncio.CancelledError:
@@ -249,7 +253,7 @@ class DynamicBatcher(Generic[T, R]):
         finally:
             ticket.done()
 
-    def enqueue(self, item: T, *, timeout_s: float | None = None) -> Ticket[R]:
+    def enqueue(self, item: T, *, timeout_s: float | None = None, priority: int = 0) -> Ticket[R]:
         """Queue ``item`` without waiting: its result or error arrives in the ticket's future
         (``submit``'s, which awaits it). The caller calls ``done()`` once the future is done,
         or ``withdraw()`` if it gives up first. No task per request: the engine process answers
@@ -265,8 +269,8 @@ class DynamicBatcher(Generic[T, R]):
             raise DeadlineExceeded(self._deadline_message(timeout_s or 0.0))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        pending = _Pending(item, future, now, deadline)
-        self._queue.append(pending)
+        pending = _Pending(item, future, now, deadline, priority_level(priority, self._settings))
+        insert_by_priority(self._queue, pending)
         self._queue_changed()
         self._wakeup.set()
         # The deadline is a timer that fails the future, not asyncio.wait (a waiter, a callback
@@ -321,7 +325,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _ready(self, now: float) -> bool:
         full = batch_is_full(len(self._queue), self._settings.max_batch_size)
-        oldest = self._queue[0].enqueued_at
+        oldest = self._queue[0].enqueued_at  # the next to go (with priorities: of the first level)
         return full or delay_remaining(oldest, now, self._max_delay_s) <= 0
 
     async def _sleep(self, seconds: float) -> None:
@@ -340,7 +344,8 @@ class DynamicBatcher(Generic[T, R]):
             self._queue_changed()
 
     def _take_batch(self, now: float) -> list[_Pending[T, R]]:
-        """Pop up to ``max_batch_size`` of the oldest live requests and record their queue time."""
+        """Pop up to ``max_batch_size`` live requests from the front (the highest priority first,
+        then the oldest) and record their queue time."""
         batch: list[_Pending[T, R]] = []
         while self._queue and len(batch) < self._settings.max_batch_size:
             pending = self._queue.popleft()

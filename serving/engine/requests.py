@@ -64,6 +64,7 @@ class GenerationRequest:
         pixels: np.ndarray | None = None,
         deadline: float | None = None,
         arrival: float | None = None,
+        priority: int = 0,
     ) -> None:
         if (source_ids is None) == (pixels is None):
             raise ValueError("give exactly one of source_ids (text) or pixels (image)")
@@ -73,6 +74,7 @@ class GenerationRequest:
         self.pixels = pixels
         self.deadline = deadline
         self.arrival = time.monotonic() if arrival is None else arrival
+        self.priority = priority  # queue level: lower joins first (0: priorities off)
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: EventChannel | None = None

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from serving.batching.priority import insert_by_priority
+
 
 class Schedulable(Protocol):
     """What the policy needs to know about a waiting request."""
@@ -29,6 +31,11 @@ class Schedulable(Protocol):
 
     @property
     def deadline(self) -> float | None: ...
+
+    @property
+    def priority(self) -> int:
+        """Queue level: lower joins first (0 for every request when priorities are off)."""
+        ...
 
     def is_cancelled(self) -> bool: ...
 
@@ -67,7 +74,8 @@ def expired(request: Schedulable, now: float) -> bool:
 
 
 class AdmissionQueue(Generic[R]):
-    """FIFO of waiting requests; thread-safe (servicers enqueue, the engine thread admits)."""
+    """Waiting requests, highest priority first and first come first served within a level;
+    thread-safe (servicers enqueue, the engine thread admits)."""
 
     def __init__(self, limits: AdmissionLimits, clock: Callable[[], float]) -> None:
         self.limits = limits
@@ -91,7 +99,7 @@ class AdmissionQueue(Generic[R]):
         with self._lock:
             if len(self._waiting) >= self.limits.max_queue:
                 return False
-            self._waiting.append(request)
+            insert_by_priority(self._waiting, request)
             if request.deadline is not None:
                 self.earliest_deadline = min(self.earliest_deadline, request.deadline)
             return True
@@ -117,7 +125,8 @@ class AdmissionQueue(Generic[R]):
         return gone_expired, gone_cancelled
 
     def admit(self, active_rows: int) -> list[R]:
-        """Pop the requests that join the batch at this step, oldest first.
+        """Pop the requests that join the batch at this step, in queue order (the highest
+        priority first, then the oldest).
 
         Stops at the first request that does not fit, so a large request is never starved by
         smaller ones behind it.

@@ -35,10 +35,14 @@ def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationReques
                 options,
                 source_ids=model.source_ids(texts[i], languages[i]),
                 timeout_s=call.timeout_s,
+                priority=call.priority,
             ),
         )
     pixels = element_pixels(call)
-    return [model.request(options, pixels=p, timeout_s=call.timeout_s) for p in pixels]
+    return [
+        model.request(options, pixels=p, timeout_s=call.timeout_s, priority=call.priority)
+        for p in pixels
+    ]
 
 
 async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], None]) -> list[T]:
@@ -80,7 +84,11 @@ async def classify(call: Call, model: ServedClassifier) -> Outputs:
     """Every element through the model's dynamic batcher; full probabilities and top-1 label."""
     pixels = element_pixels(call)
     scores: list[list[LabelScore]] = await _gather(
-        (model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s) for p in pixels), lambda: None
+        (
+            model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s, priority=call.priority)
+            for p in pixels
+        ),
+        lambda: None,
     )
     classes = max(len(s) for s in scores)
     probabilities = np.zeros((call.batch, classes), dtype=np.float32)

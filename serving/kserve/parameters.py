@@ -1,4 +1,4 @@
-"""Request parameters: typed values, decoding options and Triton's ``timeout``."""
+"""Request parameters: typed values, decoding options, Triton's ``timeout`` and ``priority``."""
 
 from __future__ import annotations
 
@@ -72,3 +72,17 @@ def request_timeout(request: pb.ModelInferRequest, deadline: float | None) -> fl
     if micros == 0:  # Triton: 0 = no timeout
         return deadline
     return micros / 1e6 if deadline is None else min(deadline, micros / 1e6)
+
+
+def request_priority(request: pb.ModelInferRequest) -> int:
+    """Triton's ``priority`` parameter (1 highest; 0 or absent = the model's default level, as is
+    a value above its levels); the batcher or the generator resolves it to a queue level."""
+    if "priority" not in request.parameters:
+        return 0
+    priority = int_parameter("priority", request.parameters["priority"])
+    if priority < 0:
+        raise InvalidArgument(
+            f"parameter 'priority' must be >= 0 (1 is the highest; 0 = the model's default), "
+            f"got {priority}"
+        )
+    return priority

@@ -13,7 +13,12 @@ from typing import TypeVar
 import numpy as np
 
 from serving.errors import InvalidArgument, ResourceExhausted, ServingError
-from serving.kserve.parameters import int_parameter, request_timeout, string_parameter
+from serving.kserve.parameters import (
+    int_parameter,
+    request_priority,
+    request_timeout,
+    string_parameter,
+)
 from serving.kserve.shared_memory import SharedMemoryRegions, Slice, shared_inputs, tensor_slice
 from serving.kserve.signature import ONE_PER_ITEM, Signature, TensorSpec, max_batch, signature
 from serving.kserve.tensors import BYTES, Tensor, decode_inputs, format_shape
@@ -45,6 +50,7 @@ class Call:
     batch: int
     timeout_s: float | None
     regions: SharedMemoryRegions | None = None  # the server's, when the extension is on
+    priority: int = 0  # Triton's priority parameter (0: the model's default level)
 
 
 def _check_inputs(model: ServedModel, sig: Signature, inputs: dict[str, Tensor]) -> None:
@@ -156,7 +162,8 @@ def prepare(
     wanted = _requested_outputs(model, sig, request, regions)
     batch = _batch_size(model, inputs)
     timeout = request_timeout(request, deadline)
-    return Call(model, request, inputs, wanted, batch, timeout, regions)
+    priority = request_priority(request)
+    return Call(model, request, inputs, wanted, batch, timeout, regions, priority)
 
 
 # --- the inputs of each element ----------------------------------------------------------

@@ -90,6 +90,8 @@ def _dynamic_batching(model: ServedModel) -> pb.ModelDynamicBatching:
     delay = model.config.batching.max_queue_delay_us if isinstance(model, ServedClassifier) else 0
     return pb.ModelDynamicBatching(
         max_queue_delay_microseconds=delay,
+        priority_levels=b.priority_levels,
+        default_priority_level=b.default_priority_level,
         default_queue_policy=pb.ModelQueuePolicy(
             default_timeout_microseconds=b.timeout_ms * 1000,
             allow_timeout_override=True,

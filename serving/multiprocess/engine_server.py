@@ -200,6 +200,7 @@ class EngineServer:
                 pixels=source if header["input"] == "pixels" else None,
                 deadline=header["deadline"],
                 arrival=header["arrival"],
+                priority=header["priority"],
             )
             request.token_route = (self._sinks[key[0]], key[1])
             engine.submit(request, functools.partial(self._forward, key))
@@ -224,7 +225,9 @@ class EngineServer:
             batcher = model.batcher
             if not isinstance(batcher, DynamicBatcher):
                 raise Internal(f"model {model.name!r} has no batcher in this process")
-            ticket = batcher.enqueue(pixels, timeout_s=header["timeout"])
+            ticket = batcher.enqueue(
+                pixels, timeout_s=header["timeout"], priority=header["priority"]
+            )
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
             return

@@ -11,8 +11,10 @@ messages.
 Frontend -> engine (each frontend on a connection of its own):
 
 - ``generate``: ``{"t": "generate", "id", "model", "options": {...}, "deadline", "arrival",
-  "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame;
-- ``classify``: ``{"t": "classify", "id", "model", "timeout", "arrays": [spec]}`` + the pixels;
+  "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame
+  (``priority``: the request's queue level, resolved by the frontend);
+- ``classify``: ``{"t": "classify", "id", "model", "timeout", "priority", "arrays": [spec]}`` +
+  the pixels (``priority``: the client's, which the engine's batcher resolves);
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
 
 Engine -> frontend (each header has ``"ack"``: how many of this frontend's messages the engine

@@ -296,6 +296,7 @@ class RemoteEngine:
                 "options": options_payload(request.options),
                 "deadline": request.deadline,
                 "arrival": request.arrival,
+                "priority": request.priority,
                 "input": "source_ids" if request.source_ids is not None else "pixels",
             },
             [np.asarray(source)],
@@ -329,14 +330,22 @@ class RemoteBatcher:
     async def stop(self, drain: bool = True) -> None:
         """The engine process stops its own batcher."""
 
-    async def submit(self, item: np.ndarray, *, timeout_s: float | None = None) -> np.ndarray:
+    async def submit(
+        self, item: np.ndarray, *, timeout_s: float | None = None, priority: int = 0
+    ) -> np.ndarray:
         """The class probabilities of one image, batched in the engine process.
 
         Raises:
             ServingError: what the engine's batcher raised (queue full, deadline, ...).
         """
         request_id, answer = self.client.open_call()
-        header = {"t": "classify", "id": request_id, "model": self.model, "timeout": timeout_s}
+        header = {
+            "t": "classify",
+            "id": request_id,
+            "model": self.model,
+            "timeout": timeout_s,
+            "priority": priority,
+        }
         self.client.send(header, [item])
         answered = False
         try:

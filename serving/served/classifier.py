@@ -57,7 +57,9 @@ class Batcher(Protocol):
 
     async def stop(self, drain: bool = True) -> None: ...
 
-    async def submit(self, item: np.ndarray, *, timeout_s: float | None = None) -> np.ndarray: ...
+    async def submit(
+        self, item: np.ndarray, *, timeout_s: float | None = None, priority: int = 0
+    ) -> np.ndarray: ...
 
 
 @dataclass
@@ -134,9 +136,14 @@ class ServedClassifier(ServedEntry):
         return self.images.pixels(data)
 
     async def classify(
-        self, pixels: np.ndarray, top_k: int, timeout_s: float | None = None
+        self,
+        pixels: np.ndarray,
+        top_k: int,
+        timeout_s: float | None = None,
+        priority: int = 0,
     ) -> list[LabelScore]:
-        """Top-k labels with probabilities for one image (3, H, W); 0 means 5.
+        """Top-k labels with probabilities for one image (3, H, W); 0 means 5. ``priority``: the
+        client's (1 highest, 0 = the model's default level; see ``batching.priority_levels``).
 
         Raises:
             InvalidArgument: top_k < 0.
@@ -144,7 +151,7 @@ class ServedClassifier(ServedEntry):
         """
         if top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0 (0 means {DEFAULT_TOP_K}), got {top_k}")
-        probabilities = await self.batcher.submit(pixels, timeout_s=timeout_s)
+        probabilities = await self.batcher.submit(pixels, timeout_s=timeout_s, priority=priority)
         k = min(top_k or DEFAULT_TOP_K, len(probabilities))
         order = np.argsort(-probabilities, kind="stable")[:k]
         labels = self.config.labels

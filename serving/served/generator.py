@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, OPTIONAL_INPLACE_GRAPH_FILES
-from contract.model_config import GeneratorConfig
+from contract.model_config import GeneratorConfig, priority_level
 from contract.text import load_text_tokenizer
 from serving.backends.base import Backend
 from serving.backends.onnxruntime import OnnxRuntimeBackend
@@ -291,8 +291,11 @@ class ServedGenerator(ServedEntry):
         source_ids: np.ndarray | None = None,
         pixels: np.ndarray | None = None,
         timeout_s: float | None = None,
+        priority: int = 0,
     ) -> GenerationRequest:
-        """A generation request with its deadline (the model's default timeout when none)."""
+        """A generation request with its deadline (the model's default timeout when none) and
+        its queue level (``priority``: the client's, 1 highest, 0 = the model's default; see
+        ``batching.priority_levels``)."""
         now = time.monotonic()
         default = self.config.batching.timeout_ms / 1000 or None  # 0 = no deadline (Triton)
         timeout = timeout_s if timeout_s is not None else default
@@ -302,6 +305,7 @@ class ServedGenerator(ServedEntry):
             pixels=pixels,
             deadline=None if timeout is None else now + timeout,
             arrival=now,
+            priority=priority_level(priority, self.config.batching),
         )
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:

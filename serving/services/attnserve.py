@@ -122,6 +122,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                 options,
                 source_ids=model.source_ids(text, request.target_language),
                 timeout_s=timeout,
+                priority=request.priority,
             )
             for text in request.texts
         ]
@@ -154,6 +155,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             options,
             source_ids=model.source_ids(request.text, request.target_language),
             timeout_s=deadline_of(context),
+            priority=request.priority,
         )
         async for item in model.stream(job):
             yield self._stream_message(pb.TranslateStreamResponse, model, item)
@@ -168,6 +170,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             decoding_options(request.options),
             pixels=model.image_pixels(request.image),
             timeout_s=deadline_of(context),
+            priority=request.priority,
         )
         result = await model.generate(job)
         return pb.CaptionResponse(
@@ -191,7 +194,10 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         )
         options = _stream_options(request.options)
         job = model.request(
-            options, pixels=model.image_pixels(request.image), timeout_s=deadline_of(context)
+            options,
+            pixels=model.image_pixels(request.image),
+            timeout_s=deadline_of(context),
+            priority=request.priority,
         )
         async for item in model.stream(job):
             yield self._stream_message(pb.CaptionStreamResponse, model, item)
@@ -213,7 +219,9 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext):
         model = self._classifier(_model_name(request, "classify"), request.model_version)
         pixels = model.image_pixels(request.image)
-        labels = await model.classify(pixels, request.top_k, timeout_s=deadline_of(context))
+        labels = await model.classify(
+            pixels, request.top_k, timeout_s=deadline_of(context), priority=request.priority
+        )
         return pb.ClassifyResponse(
             labels=[pb.LabelScore(label=s.label, index=s.index, score=s.score) for s in labels],
             model=model.name,
@@ -252,6 +260,8 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
             max_batch_size=c.batching.max_batch_size,
             max_queue_size=c.batching.max_queue_size,
             timeout_ms=c.batching.timeout_ms,
+            priority_levels=c.batching.priority_levels,
+            default_priority_level=c.batching.default_priority_level,
         ),
     )
     if isinstance(model, ServedClassifier):

@@ -34,9 +34,16 @@ _END = object()
 # Triton's protocol extensions attnserve serves (ServerMetadata lists them): top-k
 # "classification" outputs, request "parameters", ModelConfig ("model_configuration") and
 # ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
-# is listed), and "system_shared_memory" where it is on. Not listed: what it leaves out
-# (model_repository, cuda_shared_memory, trace, logging).
-EXTENSIONS = ("classification", "model_configuration", "parameters", "statistics")
+# is listed), the request parameters "priority" and "timeout" ("schedule_policy"), and
+# "system_shared_memory" where it is on. Not listed: what it leaves out (model_repository,
+# cuda_shared_memory, trace, logging).
+EXTENSIONS = (
+    "classification",
+    "model_configuration",
+    "parameters",
+    "schedule_policy",
+    "statistics",
+)
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
 
 

@@ -43,6 +43,7 @@ class Plain:
     source_tokens: int = 5
     deadline: float | None = None
     cancelled: bool = False
+    priority: int = 0
 
     def is_cancelled(self) -> bool:
         return self.cancelled

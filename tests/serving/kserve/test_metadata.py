@@ -36,6 +36,7 @@ def test_live_ready_and_server_metadata(stub: pb_grpc.GRPCInferenceServiceStub) 
         "classification",
         "model_configuration",
         "parameters",
+        "schedule_policy",
         "statistics",
         "system_shared_memory",
     ]

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnserve/v1/attnserve.proto\x12\x0c\x61ttnserve.v1\"\x91\x02\n\x0f\x44\x65\x63odingOptions\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\x05\x12\x11\n\tbeam_size\x18\x03 \x01(\x05\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x03\x88\x01\x01\x12\x18\n\x10num_alternatives\x18\t \x01(\x05\x42\x11\n\x0f_length_penaltyB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"o\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\"o\n\x06Timing\x12\x15\n\rqueue_time_ms\x18\x01 \x01(\x01\x12\x17\n\x0f\x63ompute_time_ms\x18\x02 \x01(\x01\x12\x15\n\rtotal_time_ms\x18\x03 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\"\x90\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x05 \x01(\t\"\xa0\x01\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\r\n\x05score\x18\x04 \x01(\x02\x12.\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x18.attnserve.v1.Hypothesis\"\xb4\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.attnserve.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\x05 \x01(\t\"\x95\x01\n\x16TranslateStreamRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x05 \x01(\t\"\xed\x01\n\x17TranslateStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\"u\n\x0e\x43\x61ptionRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x07options\x18\x03 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x94\x02\n\x0f\x43\x61ptionResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\r\n\x05score\x18\x04 \x01(\x02\x12.\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x18.attnserve.v1.Hypothesis\x12\r\n\x05model\x18\x06 \x01(\t\x12\"\n\x05usage\x18\x07 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x08 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\t \x01(\t\"\xeb\x01\n\x15\x43\x61ptionStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\"U\n\x0f\x43lassifyRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"9\n\nLabelScore\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05score\x18\x03 \x01(\x02\"\x88\x01\n\x10\x43lassifyResponse\x12(\n\x06labels\x18\x01 \x03(\x0b\x32\x18.attnserve.v1.LabelScore\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x06timing\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.attnserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"l\n\x06Limits\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\x05\x12\x19\n\x11max_source_length\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x17\n\x0fmax_image_bytes\x18\x04 \x01(\x03\"}\n\x08\x42\x61tching\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\x05\x12\x1a\n\x12max_queue_delay_us\x18\x02 \x01(\x03\x12\x16\n\x0emax_queue_size\x18\x03 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x08\";\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xf0\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\'\n\x05state\x18\x06 \x01(\x0e\x32\x18.attnserve.v1.ModelState\x12$\n\x06limits\x18\x07 \x01(\x0b\x32\x14.attnserve.v1.Limits\x12(\n\x08\x62\x61tching\x18\x08 \x01(\x0b\x32\x16.attnserve.v1.Batching\x12\x11\n\tlanguages\x18\t \x03(\t\x12\x0e\n\x06labels\x18\n \x03(\t\x12(\n\x06inputs\x18\x0b \x03(\x0b\x32\x18.attnserve.v1.TensorInfo\x12)\n\x07outputs\x18\x0c \x03(\x0b\x32\x18.attnserve.v1.TensorInfo\x12\x0f\n\x07version\x18\r \x01(\t\x12\x14\n\x0cstate_reason\x18\x0e \x01(\t*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03*v\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x1b\n\x17MODEL_STATE_UNAVAILABLE\x10\x03\x32\xb9\x04\n\tAttnServe\x12L\n\tTranslate\x12\x1e.attnserve.v1.TranslateRequest\x1a\x1f.attnserve.v1.TranslateResponse\x12`\n\x0fTranslateStream\x12$.attnserve.v1.TranslateStreamRequest\x1a%.attnserve.v1.TranslateStreamResponse0\x01\x12\x46\n\x07\x43\x61ption\x12\x1c.attnserve.v1.CaptionRequest\x1a\x1d.attnserve.v1.CaptionResponse\x12T\n\rCaptionStream\x12\x1c.attnserve.v1.CaptionRequest\x1a#.attnserve.v1.CaptionStreamResponse0\x01\x12I\n\x08\x43lassify\x12\x1d.attnserve.v1.ClassifyRequest\x1a\x1e.attnserve.v1.ClassifyResponse\x12O\n\nListModels\x12\x1f.attnserve.v1.ListModelsRequest\x1a .attnserve.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.attnserve.v1.GetModelRequest\x1a\x17.attnserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x61ttnserve/v1/attnserve.proto\x12\x0c\x61ttnserve.v1\"\x91\x02\n\x0f\x44\x65\x63odingOptions\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\x05\x12\x16\n\x0emin_new_tokens\x18\x02 \x01(\x05\x12\x11\n\tbeam_size\x18\x03 \x01(\x05\x12\x1b\n\x0elength_penalty\x18\x04 \x01(\x02H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x12\n\x05top_p\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x03\x88\x01\x01\x12\x18\n\x10num_alternatives\x18\t \x01(\x05\x42\x11\n\x0f_length_penaltyB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"o\n\nHypothesis\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05score\x18\x03 \x01(\x02\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\"4\n\x05Usage\x12\x14\n\x0cinput_tokens\x18\x01 \x01(\x05\x12\x15\n\routput_tokens\x18\x02 \x01(\x05\"o\n\x06Timing\x12\x15\n\rqueue_time_ms\x18\x01 \x01(\x01\x12\x17\n\x0f\x63ompute_time_ms\x18\x02 \x01(\x01\x12\x15\n\rtotal_time_ms\x18\x03 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x04 \x01(\x01\"\xa2\x01\n\x10TranslateRequest\x12\r\n\x05texts\x18\x01 \x03(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\"\xa0\x01\n\x0bTranslation\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\r\n\x05score\x18\x04 \x01(\x02\x12.\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x18.attnserve.v1.Hypothesis\"\xb4\x01\n\x11TranslateResponse\x12/\n\x0ctranslations\x18\x01 \x03(\x0b\x32\x19.attnserve.v1.Translation\x12\r\n\x05model\x18\x02 \x01(\t\x12\"\n\x05usage\x18\x03 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x04 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\x05 \x01(\t\"\xa7\x01\n\x16TranslateStreamRequest\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x17\n\x0ftarget_language\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\x07options\x18\x04 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\r\"\xed\x01\n\x17TranslateStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\"\x87\x01\n\x0e\x43\x61ptionRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05model\x18\x02 \x01(\t\x12.\n\x07options\x18\x03 \x01(\x0b\x32\x1d.attnserve.v1.DecodingOptions\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\r\"\x94\x02\n\x0f\x43\x61ptionResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\r\n\x05score\x18\x04 \x01(\x02\x12.\n\x0c\x61lternatives\x18\x05 \x03(\x0b\x32\x18.attnserve.v1.Hypothesis\x12\r\n\x05model\x18\x06 \x01(\t\x12\"\n\x05usage\x18\x07 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x08 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\t \x01(\t\"\xeb\x01\n\x15\x43\x61ptionStreamResponse\x12\r\n\x05\x64\x65lta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12$\n\x06timing\x18\x06 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\r\n\x05model\x18\x07 \x01(\t\x12\x15\n\rmodel_version\x18\x08 \x01(\t\"g\n\x0f\x43lassifyRequest\x12\r\n\x05image\x18\x01 \x01(\x0c\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\r\"9\n\nLabelScore\x12\r\n\x05label\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\r\n\x05score\x18\x03 \x01(\x02\"\x88\x01\n\x10\x43lassifyResponse\x12(\n\x06labels\x18\x01 \x03(\x0b\x32\x18.attnserve.v1.LabelScore\x12\r\n\x05model\x18\x02 \x01(\t\x12$\n\x06timing\x18\x03 \x01(\x0b\x32\x14.attnserve.v1.Timing\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x13\n\x11ListModelsRequest\"=\n\x12ListModelsResponse\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.attnserve.v1.ModelInfo\"0\n\x0fGetModelRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"l\n\x06Limits\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\x05\x12\x19\n\x11max_source_length\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x17\n\x0fmax_image_bytes\x18\x04 \x01(\x03\"\xb6\x01\n\x08\x42\x61tching\x12\x16\n\x0emax_batch_size\x18\x01 \x01(\x05\x12\x1a\n\x12max_queue_delay_us\x18\x02 \x01(\x03\x12\x16\n\x0emax_queue_size\x18\x03 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x03\x12\x11\n\tin_flight\x18\x05 \x01(\x08\x12\x17\n\x0fpriority_levels\x18\x06 \x01(\x05\x12\x1e\n\x16\x64\x65\x66\x61ult_priority_level\x18\x07 \x01(\x05\";\n\nTensorInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x61tatype\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\"\xf0\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04task\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\'\n\x05state\x18\x06 \x01(\x0e\x32\x18.attnserve.v1.ModelState\x12$\n\x06limits\x18\x07 \x01(\x0b\x32\x14.attnserve.v1.Limits\x12(\n\x08\x62\x61tching\x18\x08 \x01(\x0b\x32\x16.attnserve.v1.Batching\x12\x11\n\tlanguages\x18\t \x03(\t\x12\x0e\n\x06labels\x18\n \x03(\t\x12(\n\x06inputs\x18\x0b \x03(\x0b\x32\x18.attnserve.v1.TensorInfo\x12)\n\x07outputs\x18\x0c \x03(\x0b\x32\x18.attnserve.v1.TensorInfo\x12\x0f\n\x07version\x18\r \x01(\t\x12\x14\n\x0cstate_reason\x18\x0e \x01(\t*|\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03*v\n\nModelState\x12\x1b\n\x17MODEL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11MODEL_STATE_READY\x10\x01\x12\x17\n\x13MODEL_STATE_LOADING\x10\x02\x12\x1b\n\x17MODEL_STATE_UNAVAILABLE\x10\x03\x32\xb9\x04\n\tAttnServe\x12L\n\tTranslate\x12\x1e.attnserve.v1.TranslateRequest\x1a\x1f.attnserve.v1.TranslateResponse\x12`\n\x0fTranslateStream\x12$.attnserve.v1.TranslateStreamRequest\x1a%.attnserve.v1.TranslateStreamResponse0\x01\x12\x46\n\x07\x43\x61ption\x12\x1c.attnserve.v1.CaptionRequest\x1a\x1d.attnserve.v1.CaptionResponse\x12T\n\rCaptionStream\x12\x1c.attnserve.v1.CaptionRequest\x1a#.attnserve.v1.CaptionStreamResponse0\x01\x12I\n\x08\x43lassify\x12\x1d.attnserve.v1.ClassifyRequest\x1a\x1e.attnserve.v1.ClassifyResponse\x12O\n\nListModels\x12\x1f.attnserve.v1.ListModelsRequest\x1a .attnserve.v1.ListModelsResponse\x12\x42\n\x08GetModel\x12\x1d.attnserve.v1.GetModelRequest\x1a\x17.attnserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, __name__, _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=3211
-  _globals['_FINISHREASON']._serialized_end=3335
-  _globals['_MODELSTATE']._serialized_start=3337
-  _globals['_MODELSTATE']._serialized_end=3455
+  _globals['_FINISHREASON']._serialized_start=3342
+  _globals['_FINISHREASON']._serialized_end=3466
+  _globals['_MODELSTATE']._serialized_start=3468
+  _globals['_MODELSTATE']._serialized_end=3586
   _globals['_DECODINGOPTIONS']._serialized_start=47
   _globals['_DECODINGOPTIONS']._serialized_end=320
   _globals['_HYPOTHESIS']._serialized_start=322
@@ -44,41 +44,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIMING']._serialized_start=489
   _globals['_TIMING']._serialized_end=600
   _globals['_TRANSLATEREQUEST']._serialized_start=603
-  _globals['_TRANSLATEREQUEST']._serialized_end=747
-  _globals['_TRANSLATION']._serialized_start=750
-  _globals['_TRANSLATION']._serialized_end=910
-  _globals['_TRANSLATERESPONSE']._serialized_start=913
-  _globals['_TRANSLATERESPONSE']._serialized_end=1093
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1096
-  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1245
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1248
-  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1485
-  _globals['_CAPTIONREQUEST']._serialized_start=1487
-  _globals['_CAPTIONREQUEST']._serialized_end=1604
-  _globals['_CAPTIONRESPONSE']._serialized_start=1607
-  _globals['_CAPTIONRESPONSE']._serialized_end=1883
-  _globals['_CAPTIONSTREAMRESPONSE']._serialized_start=1886
-  _globals['_CAPTIONSTREAMRESPONSE']._serialized_end=2121
-  _globals['_CLASSIFYREQUEST']._serialized_start=2123
-  _globals['_CLASSIFYREQUEST']._serialized_end=2208
-  _globals['_LABELSCORE']._serialized_start=2210
-  _globals['_LABELSCORE']._serialized_end=2267
-  _globals['_CLASSIFYRESPONSE']._serialized_start=2270
-  _globals['_CLASSIFYRESPONSE']._serialized_end=2406
-  _globals['_LISTMODELSREQUEST']._serialized_start=2408
-  _globals['_LISTMODELSREQUEST']._serialized_end=2427
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2429
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2490
-  _globals['_GETMODELREQUEST']._serialized_start=2492
-  _globals['_GETMODELREQUEST']._serialized_end=2540
-  _globals['_LIMITS']._serialized_start=2542
-  _globals['_LIMITS']._serialized_end=2650
-  _globals['_BATCHING']._serialized_start=2652
-  _globals['_BATCHING']._serialized_end=2777
-  _globals['_TENSORINFO']._serialized_start=2779
-  _globals['_TENSORINFO']._serialized_end=2838
-  _globals['_MODELINFO']._serialized_start=2841
-  _globals['_MODELINFO']._serialized_end=3209
-  _globals['_ATTNSERVE']._serialized_start=3458
-  _globals['_ATTNSERVE']._serialized_end=4027
+  _globals['_TRANSLATEREQUEST']._serialized_end=765
+  _globals['_TRANSLATION']._serialized_start=768
+  _globals['_TRANSLATION']._serialized_end=928
+  _globals['_TRANSLATERESPONSE']._serialized_start=931
+  _globals['_TRANSLATERESPONSE']._serialized_end=1111
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_start=1114
+  _globals['_TRANSLATESTREAMREQUEST']._serialized_end=1281
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_start=1284
+  _globals['_TRANSLATESTREAMRESPONSE']._serialized_end=1521
+  _globals['_CAPTIONREQUEST']._serialized_start=1524
+  _globals['_CAPTIONREQUEST']._serialized_end=1659
+  _globals['_CAPTIONRESPONSE']._serialized_start=1662
+  _globals['_CAPTIONRESPONSE']._serialized_end=1938
+  _globals['_CAPTIONSTREAMRESPONSE']._serialized_start=1941
+  _globals['_CAPTIONSTREAMRESPONSE']._serialized_end=2176
+  _globals['_CLASSIFYREQUEST']._serialized_start=2178
+  _globals['_CLASSIFYREQUEST']._serialized_end=2281
+  _globals['_LABELSCORE']._serialized_start=2283
+  _globals['_LABELSCORE']._serialized_end=2340
+  _globals['_CLASSIFYRESPONSE']._serialized_start=2343
+  _globals['_CLASSIFYRESPONSE']._serialized_end=2479
+  _globals['_LISTMODELSREQUEST']._serialized_start=2481
+  _globals['_LISTMODELSREQUEST']._serialized_end=2500
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2502
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2563
+  _globals['_GETMODELREQUEST']._serialized_start=2565
+  _globals['_GETMODELREQUEST']._serialized_end=2613
+  _globals['_LIMITS']._serialized_start=2615
+  _globals['_LIMITS']._serialized_end=2723
+  _globals['_BATCHING']._serialized_start=2726
+  _globals['_BATCHING']._serialized_end=2908
+  _globals['_TENSORINFO']._serialized_start=2910
+  _globals['_TENSORINFO']._serialized_end=2969
+  _globals['_MODELINFO']._serialized_start=2972
+  _globals['_MODELINFO']._serialized_end=3340
+  _globals['_ATTNSERVE']._serialized_start=3589
+  _globals['_ATTNSERVE']._serialized_end=4158
 # @@protoc_insertion_point(module_scope)

@@ -84,18 +84,20 @@ class Timing(_message.Message):
     def __init__(self, queue_time_ms: _Optional[float] = ..., compute_time_ms: _Optional[float] = ..., total_time_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "target_language", "model", "options", "model_version")
+    __slots__ = ("texts", "target_language", "model", "options", "model_version", "priority")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     target_language: str
     model: str
     options: DecodingOptions
     model_version: str
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Translation(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives")
@@ -126,18 +128,20 @@ class TranslateResponse(_message.Message):
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("text", "target_language", "model", "options", "model_version")
+    __slots__ = ("text", "target_language", "model", "options", "model_version", "priority")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     text: str
     target_language: str
     model: str
     options: DecodingOptions
     model_version: str
-    def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
     __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version")
@@ -160,16 +164,18 @@ class TranslateStreamResponse(_message.Message):
     def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class CaptionRequest(_message.Message):
-    __slots__ = ("image", "model", "options", "model_version")
+    __slots__ = ("image", "model", "options", "model_version", "priority")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     image: bytes
     model: str
     options: DecodingOptions
     model_version: str
-    def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class CaptionResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version")
@@ -214,16 +220,18 @@ class CaptionStreamResponse(_message.Message):
     def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
-    __slots__ = ("image", "top_k", "model", "model_version")
+    __slots__ = ("image", "top_k", "model", "model_version", "priority")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     image: bytes
     top_k: int
     model: str
     model_version: str
-    def __init__(self, image: _Optional[bytes] = ..., top_k: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    priority: int
+    def __init__(self, image: _Optional[bytes] = ..., top_k: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class LabelScore(_message.Message):
     __slots__ = ("label", "index", "score")
@@ -278,18 +286,22 @@ class Limits(_message.Message):
     def __init__(self, max_batch_size: _Optional[int] = ..., max_source_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Batching(_message.Message):
-    __slots__ = ("max_batch_size", "max_queue_delay_us", "max_queue_size", "timeout_ms", "in_flight")
+    __slots__ = ("max_batch_size", "max_queue_delay_us", "max_queue_size", "timeout_ms", "in_flight", "priority_levels", "default_priority_level")
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_US_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_LEVELS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_PRIORITY_LEVEL_FIELD_NUMBER: _ClassVar[int]
     max_batch_size: int
     max_queue_delay_us: int
     max_queue_size: int
     timeout_ms: int
     in_flight: bool
-    def __init__(self, max_batch_size: _Optional[int] = ..., max_queue_delay_us: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., in_flight: _Optional[bool] = ...) -> None: ...
+    priority_levels: int
+    default_priority_level: int
+    def __init__(self, max_batch_size: _Optional[int] = ..., max_queue_delay_us: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., in_flight: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "datatype", "shape")
