@@ -134,6 +134,8 @@ def vit_spec(entry: Path, threads: int) -> dict[str, Any]:
         "labels": list(config.labels),
         "max_batch_size": config.batching.max_batch_size,
         "delay_us": config.batching.max_queue_delay_us,
+        "priority_levels": config.batching.priority_levels,
+        "default_priority_level": config.batching.default_priority_level,
         # attnserve's batching.instances as Triton's instance count, the threads split alike
         "instances": config.batching.instances,
         "threads": max(1, threads // config.batching.instances),

@@ -114,7 +114,11 @@ def serve(spec: dict[str, Any]) -> None:
             ],
             config=ModelConfig(
                 max_batch_size=spec["max_batch_size"],
-                batcher=DynamicBatcher(max_queue_delay_microseconds=spec["delay_us"]),
+                batcher=DynamicBatcher(
+                    max_queue_delay_microseconds=spec["delay_us"],
+                    priority_levels=spec.get("priority_levels", 0),
+                    default_priority_level=spec.get("default_priority_level", 0),
+                ),
             ),
             strict=True,
         )

@@ -111,6 +111,14 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.set_defaults(handler=run_serve)
 
 
+def _priority(text: str) -> int:
+    """A --priority value: an integer >= 0 (argparse turns ValueError into a usage error)."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
     command = subparsers.add_parser(name, help=helptext)
     command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
@@ -134,7 +142,7 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         return
     command.add_argument(
         "--priority",
-        type=int,
+        type=_priority,
         default=0,
         help="queue priority on a model with priority levels: 1 is the highest (default 0: "
         "the model's default level)",

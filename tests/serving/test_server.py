@@ -323,6 +323,12 @@ def test_cli_translate_and_classify(shipped: ServerThread, tmp_path: Path, capsy
     assert len(lines) == 2 and lines[0].split("\t")[0] == str(labels[0])
     assert main(["translate", "five", "--to", "xx", "--server", shipped.address]) == 2
     assert "INVALID_ARGUMENT" in capsys.readouterr().err
+    # a priority on models without levels: accepted and ignored; a negative one: usage error
+    assert main(["classify", str(image), "--priority", "1", "--server", shipped.address]) == 0
+    assert capsys.readouterr().out.split("\t")[0] == str(labels[0])
+    with pytest.raises(SystemExit) as usage:
+        main(["classify", str(image), "--priority", "-1", "--server", shipped.address])
+    assert usage.value.code == 2 and "--priority" in capsys.readouterr().err
 
 
 def test_serve_process_drains_on_sigterm(tiny_repository: Path) -> None:

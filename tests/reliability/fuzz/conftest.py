@@ -18,8 +18,11 @@ from benchmarks.server_process import ServeProcess
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 from tests.reliability.fuzz.checker import PROFILE, TOTAL_EXAMPLES, Fuzz
-from tests.reliability.harness import BIG_MESSAGES
+from tests.reliability.harness import BIG_MESSAGES, copy_repository
 from tests.serving.server_thread import ServerThread
+
+# every model with priority levels, so that fuzzed priorities reach the queues' ordering
+LEVELS = {"batching": {"priority_levels": 3, "default_priority_level": 2}}
 
 
 def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
@@ -42,7 +45,12 @@ def fuzz(
 ) -> Iterator[Fuzz]:
     started = time.monotonic()
     frontends: int = request.param
-    with fuzz_server(tiny_repository, frontends) as server:
+    repository = copy_repository(
+        tiny_repository,
+        tmp_path_factory.mktemp("fuzz") / "repository",
+        **dict.fromkeys(("translator", "captioner", "vit"), LEVELS),
+    )
+    with fuzz_server(repository, frontends) as server:
         channel = grpc.insecure_channel(server.address, options=BIG_MESSAGES)
         state = Fuzz(
             server,

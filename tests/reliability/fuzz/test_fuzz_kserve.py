@@ -48,6 +48,7 @@ OPTION_NAMES = [
     "top_p",
     "seed",
     "timeout",
+    "priority",
     "target_language",
     "classification",
     "num_alternatives",
