@@ -9,7 +9,9 @@ executor thread. A batch of N items gives exactly N results, each carrying its o
 No model and no I/O in here: ``run_batch`` is whatever the caller passes.
 
 Triton conventions kept: ``max_queue_size == 0`` means an unbounded queue and
-``timeout_ms == 0`` means no default deadline.
+``timeout_ms == 0`` means no default deadline. With ``priority_levels`` the queue is kept highest
+priority first (``batching/priority.py``), so batches take priority 1 before 2; the delay runs
+from the arrival of the request at the queue's front.
 """
 
 from __future__ import annotations
