@@ -1,19 +1,20 @@
 """What a priority level buys a request under load, on attnserve and on the Triton peer.
 
     python -m benchmarks.priority [--repository DIR] [--background 128] [--rounds 3]
-        [--window-s 10] [--no-triton] [--out DIR]
+        [--window-s 10] [--think-ms 200] [--frontend-workers 1] [--no-triton] [--out DIR]
 
 Serves the repository's ViT with ``batching.priority_levels: 2`` and ``default_priority_level:
 2`` (attnserve, one process; then the Triton peer, PyTriton's tritonserver with the same ONNX
 file and the same levels in its dynamic batcher). perf_analyzer keeps ``--background``
 requests of the default level in flight all along (Triton's load generator; it sends no
-priority). A probe client sends one image at a time over KServe, in windows of ``--window-s``
-alternated: without a priority (it queues behind the background, first come first served) and
-with ``priority`` 1 (as tritonclient sends it). Writes ``priority-*.json``: per server and
-window the probe's latency percentiles, the server's images/s and images per batched call
-(ModelStatistics), the median
-p50 / p99 of each mode, the ratio default / priority 1 per server (how much sooner the urgent
-request is answered) and attnserve / Triton per mode.
+priority). A probe client sends one image at a time over KServe, each after a random pause
+(uniform up to ``--think-ms``, so that it arrives at any point of a running batch), in windows
+of ``--window-s`` alternated: without a priority (it queues behind the background, first come
+first served) and with ``priority`` 1 (as tritonclient sends it). Writes ``priority-*.json``:
+per server and window the probe's latency percentiles, the server's images/s and images per
+batched call (ModelStatistics); the median p50 / p99 of each mode, the ratio default /
+priority 1 per server (how much sooner the urgent request is answered) and attnserve / Triton
+per mode.
 """
 
 from __future__ import annotations
@@ -77,13 +78,21 @@ def counts(stub: kpb_grpc.GRPCInferenceServiceStub) -> tuple[int, int]:
 
 
 def probe_window(
-    stub: kpb_grpc.GRPCInferenceServiceStub, size: int, priority: int | None, seconds: float
+    stub: kpb_grpc.GRPCInferenceServiceStub,
+    size: int,
+    priority: int | None,
+    seconds: float,
+    think_s: float,
 ) -> dict[str, Any]:
-    """One request at a time for ``seconds``: the probe's latencies and the server's rate."""
+    """One request at a time for ``seconds``, each after a random pause of up to ``think_s``:
+    the probe's latencies and the server's rate. (Without the pause the probe would send each
+    request just as its last batch ended and the next had left, always waiting a whole batch.)"""
     requests = [probe_request(size, priority, seed) for seed in range(8)]
+    pauses = np.random.default_rng(0).uniform(0, think_s, 100_000)
     latencies: list[float] = []
     before, started = counts(stub), time.monotonic()
     while time.monotonic() - started < seconds:
+        time.sleep(pauses[len(latencies) % len(pauses)])
         sent = time.perf_counter()
         stub.ModelInfer(requests[len(latencies) % len(requests)], timeout=TIMEOUT_S)
         latencies.append((time.perf_counter() - sent) * 1000)
@@ -116,11 +125,12 @@ def measure(
         try:
             with grpc.insecure_channel(address) as channel:
                 stub = kpb_grpc.GRPCInferenceServiceStub(channel)
-                probe_window(stub, size, None, 2.0)  # warm-up: the background ramps up too
+                think_s = args.think_ms / 1000
+                probe_window(stub, size, None, 2.0, think_s)  # warm-up: the background ramps up
                 windows = []
                 for round_ in range(args.rounds):
                     for mode, priority in MODES.items():
-                        window = probe_window(stub, size, priority, args.window_s)
+                        window = probe_window(stub, size, priority, args.window_s, think_s)
                         windows.append({"round": round_, "mode": mode, **window})
                         log(f"{address} {mode}: {window}")
             if background.poll() is not None:
@@ -159,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--window-s", type=float, default=10.0)
     parser.add_argument("--threads", type=int, default=2, help="the Triton peer's ORT threads")
+    parser.add_argument(
+        "--think-ms", type=float, default=200.0, help="the probe's pause: uniform, up to this"
+    )
+    parser.add_argument(
+        "--frontend-workers", type=int, default=1, help="attnserve's frontend processes"
+    )
     parser.add_argument("--no-triton", action="store_true", help="attnserve only")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args(argv)
@@ -173,7 +189,11 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer, repository: Path) -> int:
     """Measure both servers and write the result."""
     size = read_model_config(repository / "vit").image.size
     results: dict[str, list[dict[str, Any]]] = {}
-    server = ServeProcess(repository, "--models", "vit", "--metrics-port", "-1").start()
+    server = ServeProcess(
+        repository,
+        *("--models", "vit", "--metrics-port", "-1"),
+        *("--frontend-workers", str(args.frontend_workers)),
+    ).start()
     try:
         results["attnserve"] = measure(perf, server.address, size, args)
     finally:
@@ -203,6 +223,8 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer, repository: Path) -> int:
         ),
         levels=LEVELS,
         background=args.background,
+        think_ms=args.think_ms,
+        frontend_workers=args.frontend_workers,
         triton=triton,
         summary=summary(results),
     )

@@ -33,7 +33,7 @@ def test_a_short_run_against_attnserve(tiny_repository: Path, tmp_path: Path) ->
     if isinstance(found, str):
         pytest.skip(found)
     argv = ["--repository", str(tiny_repository), "--no-triton", "--rounds", "1"]
-    argv += ["--window-s", "1", "--background", "64", "--out", str(tmp_path)]
+    argv += ["--window-s", "1", "--think-ms", "20", "--background", "64", "--out", str(tmp_path)]
     assert main(argv) == 0
     (path,) = tmp_path.glob("priority-*.json")
     result = json.loads(path.read_text())
@@ -43,4 +43,5 @@ def test_a_short_run_against_attnserve(tiny_repository: Path, tmp_path: Path) ->
         assert point["requests"] > 0 and point["server_images_per_s"] > 0
         assert point["images_per_batch"] >= 1
     assert result["levels"] == {"priority_levels": 2, "default_priority_level": 2}
+    assert (result["think_ms"], result["frontend_workers"]) == (20, 1)
     assert "default_vs_priority[attnserve,p50]" in result["summary"]
