@@ -47,6 +47,20 @@ class GeneratorLimits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class QueuePolicy:
+    """A priority level's own queue (Triton's priority_queue_policy entry): its requests count
+    against its own limit and take its own default deadline, not the model's."""
+
+    level: int  # the priority level (1..priority_levels)
+    max_queue_size: int = 256  # requests waiting at this level beyond this: RESOURCE_EXHAUSTED
+    timeout_ms: int = 30_000  # this level's deadline when the client sets none (0 = none)
+
+    def __post_init__(self) -> None:
+        _at_least_one(self, "level")
+        _not_negative(self, "max_queue_size", "timeout_ms")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DynamicBatching:
     """Triton-style dynamic batching of one-shot work (classifiers)."""
 
@@ -75,6 +89,11 @@ class DynamicBatching:
     # takes default_priority_level (1..N).
     priority_levels: int = 0
     default_priority_level: int = 0
+    # Levels with a queue of their own (Triton's priority_queue_policy), e.g. [{level: 1,
+    # max_queue_size: 32, timeout_ms: 1000}]: their requests are not counted against
+    # max_queue_size (which then bounds the other levels' requests) and wait at most their
+    # timeout_ms when the client sets no deadline.
+    priority_queue_policy: tuple[QueuePolicy, ...] = ()
 
     def __post_init__(self) -> None:
         _at_least_one(self, "max_batch_size", "instances")
@@ -122,9 +141,10 @@ class InFlightBatching:
     decode_block: bool | None = None
     # Priority levels as in dynamic batching: waiting requests join the decode batch highest
     # priority first (first come first served within a level); running sequences are never
-    # preempted. 0 = off.
+    # preempted. 0 = off. priority_queue_policy: levels with a queue of their own, as there.
     priority_levels: int = 0
     default_priority_level: int = 0
+    priority_queue_policy: tuple[QueuePolicy, ...] = ()
 
     def __post_init__(self) -> None:
         _at_least_one(
@@ -163,6 +183,27 @@ def _check_priorities(section: DynamicBatching | InFlightBatching) -> None:
             f"default_priority_level must be 1..{levels} (priority_levels {levels}), got "
             f"{default}: the level of requests that set no priority"
         )
+    seen: set[int] = set()
+    for policy in section.priority_queue_policy:
+        if not 1 <= policy.level <= levels:
+            raise ValueError(
+                f"priority_queue_policy names level {policy.level}; the levels are "
+                + (f"1..{levels}" if levels else "off (priority_levels 0)")
+            )
+        if policy.level in seen:
+            raise ValueError(f"priority_queue_policy names level {policy.level} twice")
+        seen.add(policy.level)
+
+
+def level_policy(level: int, section: DynamicBatching | InFlightBatching) -> QueuePolicy | None:
+    """The queue policy of its own that ``level`` has, if any."""
+    return next((p for p in section.priority_queue_policy if p.level == level), None)
+
+
+def level_timeout_ms(level: int, section: DynamicBatching | InFlightBatching) -> int:
+    """The default deadline (ms, 0 = none) of a request queued at ``level``."""
+    policy = level_policy(level, section)
+    return section.timeout_ms if policy is None else policy.timeout_ms
 
 
 def priority_level(requested: int, section: DynamicBatching | InFlightBatching) -> int:

@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from contract.model_config import DynamicBatching, priority_level
-from serving.batching.priority import insert_by_priority
+from contract.model_config import DynamicBatching, level_timeout_ms, priority_level
+from serving.batching.priority import insert_by_priority, level_limit, queue_is_full
 from serving.errors import DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.metrics import ServingMetrics
 
@@ -264,14 +264,15 @@ class DynamicBatcher(Generic[T, R]):
         Raises:
             ResourceExhausted, DeadlineExceeded, Unavailable: as ``submit``.
         """
-        self._check_accepting()
+        level = priority_level(priority, self._settings)
+        self._check_accepting(level)
         now = self._clock()
-        deadline = deadline_for(now, timeout_s, self._settings.timeout_ms)
+        deadline = deadline_for(now, timeout_s, level_timeout_ms(level, self._settings))
         if is_expired(deadline, now):
             raise DeadlineExceeded(self._deadline_message(timeout_s or 0.0))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        pending = _Pending(item, future, now, deadline, priority_level(priority, self._settings))
+        pending = _Pending(item, future, now, deadline, level)
         insert_by_priority(self._queue, pending)
         self._queue_changed()
         self._wakeup.set()
@@ -395,18 +396,20 @@ class DynamicBatcher(Generic[T, R]):
 
     # --- small helpers -------------------------------------------------------------------------
 
-    def _check_accepting(self) -> None:
+    def _check_accepting(self, level: int) -> None:
         if self._closed:
             raise Unavailable(
                 f"{self.name}: server is stopping; send the request to another replica"
             )
         if self._task is None:
             raise Unavailable(f"{self.name}: batcher is not started; call start() first")
-        limit = self._settings.max_queue_size
-        if limit and len(self._queue) >= limit:
+        settings = self._settings
+        policies = settings.priority_queue_policy
+        if queue_is_full(self._queue, level, settings.max_queue_size, policies):
+            limit, field = level_limit(level, settings.max_queue_size, policies)
             raise ResourceExhausted(
-                f"{self.name}: queue is full ({limit} requests waiting, batching.max_queue_size); "
-                "retry with backoff, or raise max_queue_size / add replicas"
+                f"{self.name}: queue is full ({limit} requests waiting, {field}); "
+                "retry with backoff, or raise the limit / add replicas"
             )
 
     def _deadline_message(self, seconds: float) -> str:

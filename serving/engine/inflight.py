@@ -43,6 +43,7 @@ import numpy as np
 
 from contract.model_config import DecoderSpec, InFlightBatching
 from serving.backends.base import BackendError
+from serving.batching.priority import level_limit
 from serving.engine.decode_cache import DecodeCache
 from serving.engine.gauges import GaugeBoard
 from serving.engine.inplace_cache import InPlaceKVCache
@@ -125,6 +126,7 @@ class InFlightEngine:
                 max_queue=batching.max_queue_size,
                 token_budget=batching.token_budget,
                 max_joiners=max(1, batching.max_batch_size),
+                policies=batching.priority_queue_policy,
             ),
             clock,
         )
@@ -255,9 +257,11 @@ class InFlightEngine:
             request.token_route = None
         request.watch_cancel(self._cancels.set)
         if not self.queue.offer(request):
+            b = self.batching
+            limit, field = level_limit(request.priority, b.max_queue_size, b.priority_queue_policy)
             raise ResourceExhausted(
-                f"model {self.name!r} has {self.batching.max_queue_size} requests waiting "
-                "(batching.max_queue_size); retry later or raise the limit"
+                f"model {self.name!r} has {limit} requests waiting ({field}); retry later or "
+                "raise the limit"
             )
         self._gauge_queue()
         with self._wake:

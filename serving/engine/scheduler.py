@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from serving.batching.priority import insert_by_priority
+from contract.model_config import QueuePolicy
+from serving.batching.priority import insert_by_priority, queue_is_full
 
 
 class Schedulable(Protocol):
@@ -48,9 +49,10 @@ class AdmissionLimits:
     """The policies, each a plain number."""
 
     max_rows: int  # KV-cache capacity in decode rows (max_active_sequences)
-    max_queue: int  # waiting requests beyond this are refused (RESOURCE_EXHAUSTED)
+    max_queue: int  # waiting requests beyond this are refused (RESOURCE_EXHAUSTED); 0 = no limit
     token_budget: int  # decode rows + encoder positions of joiners in one step
     max_joiners: int  # most requests admitted in one step (bounds the encoder batch)
+    policies: tuple[QueuePolicy, ...] = ()  # priority levels with a queue limit of their own
 
 
 def fits_capacity(
@@ -97,7 +99,8 @@ class AdmissionQueue(Generic[R]):
     def offer(self, request: R) -> bool:
         """Queue ``request``; False when full (the caller answers RESOURCE_EXHAUSTED)."""
         with self._lock:
-            if len(self._waiting) >= self.limits.max_queue:
+            limits = self.limits
+            if queue_is_full(self._waiting, request.priority, limits.max_queue, limits.policies):
                 return False
             insert_by_priority(self._waiting, request)
             if request.deadline is not None:

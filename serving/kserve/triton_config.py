@@ -92,11 +92,19 @@ def _dynamic_batching(model: ServedModel) -> pb.ModelDynamicBatching:
         max_queue_delay_microseconds=delay,
         priority_levels=b.priority_levels,
         default_priority_level=b.default_priority_level,
-        default_queue_policy=pb.ModelQueuePolicy(
-            default_timeout_microseconds=b.timeout_ms * 1000,
-            allow_timeout_override=True,
-            max_queue_size=b.max_queue_size,
-        ),
+        default_queue_policy=_queue_policy(b.timeout_ms, b.max_queue_size),
+        priority_queue_policy={
+            p.level: _queue_policy(p.timeout_ms, p.max_queue_size)
+            for p in b.priority_queue_policy
+        },
+    )
+
+
+def _queue_policy(timeout_ms: int, max_queue_size: int) -> pb.ModelQueuePolicy:
+    return pb.ModelQueuePolicy(
+        default_timeout_microseconds=timeout_ms * 1000,
+        allow_timeout_override=True,
+        max_queue_size=max_queue_size,
     )
 
 

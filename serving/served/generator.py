@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, OPTIONAL_INPLACE_GRAPH_FILES
-from contract.model_config import GeneratorConfig, priority_level
+from contract.model_config import GeneratorConfig, level_timeout_ms, priority_level
 from contract.text import load_text_tokenizer
 from serving.backends.base import Backend
 from serving.backends.onnxruntime import OnnxRuntimeBackend
@@ -297,7 +297,9 @@ class ServedGenerator(ServedEntry):
         its queue level (``priority``: the client's, 1 highest, 0 = the model's default; see
         ``batching.priority_levels``)."""
         now = time.monotonic()
-        default = self.config.batching.timeout_ms / 1000 or None  # 0 = no deadline (Triton)
+        level = priority_level(priority, self.config.batching)
+        # the level's default deadline; 0 = none (Triton)
+        default = level_timeout_ms(level, self.config.batching) / 1000 or None
         timeout = timeout_s if timeout_s is not None else default
         return GenerationRequest(
             options=self.options(options),
@@ -305,7 +307,7 @@ class ServedGenerator(ServedEntry):
             pixels=pixels,
             deadline=None if timeout is None else now + timeout,
             arrival=now,
-            priority=priority_level(priority, self.config.batching),
+            priority=level,
         )
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from benchmarks.server_process import ServeProcess
+from contract.model_config import QueuePolicy
 from serving.kserve.tensors import input_tensor
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -27,6 +28,8 @@ from tests.reliability.harness import copy_repository, sample, scrape, wait_unti
 TIMEOUT = 60
 LOW_REQUESTS = 8  # each fills the queue with many items of the default level
 LEVELS = {"priority_levels": 2, "default_priority_level": 2}
+# level 1 of the ViT has a queue of its own (reported by ModelConfig as Triton reports it)
+URGENT_QUEUE = (QueuePolicy(level=1, max_queue_size=64, timeout_ms=5000),)
 
 
 @pytest.fixture(scope="module", params=["one process", "two frontends"])
@@ -35,7 +38,12 @@ def server(request: pytest.FixtureRequest, tiny_repository: Path, tmp_path_facto
         tiny_repository,
         tmp_path_factory.mktemp("priority") / "repository",
         # one image or one sequence at a time, so requests queue
-        vit={"batching": {"max_batch_size": 1, "max_queue_size": 1024, **LEVELS}},
+        vit={
+            "batching": {
+                **{"max_batch_size": 1, "max_queue_size": 1024, **LEVELS},
+                "priority_queue_policy": URGENT_QUEUE,
+            }
+        },
         translator={
             "batching": {"max_batch_size": 1, "max_active_sequences": 1, **LEVELS},
         },
@@ -146,6 +154,11 @@ def test_the_levels_are_reported(server: ServeProcess) -> None:
             assert (batching.priority_levels, batching.default_priority_level) == (2, 2)
             info = attnserve.GetModel(pb.GetModelRequest(name=model), timeout=TIMEOUT)
             assert (info.batching.priority_levels, info.batching.default_priority_level) == (2, 2)
+            own = {
+                level: (p.max_queue_size, p.default_timeout_microseconds)
+                for level, p in batching.priority_queue_policy.items()
+            }
+            assert own == ({1: (64, 5_000_000)} if model == "vit" else {})
         metadata = kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
         assert "schedule_policy" in metadata.extensions
 

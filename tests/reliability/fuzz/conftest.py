@@ -15,14 +15,22 @@ import pytest
 from grpc_health.v1 import health_pb2_grpc
 
 from benchmarks.server_process import ServeProcess
+from contract.model_config import QueuePolicy
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 from tests.reliability.fuzz.checker import PROFILE, TOTAL_EXAMPLES, Fuzz
 from tests.reliability.harness import BIG_MESSAGES, copy_repository
 from tests.serving.server_thread import ServerThread
 
-# every model with priority levels, so that fuzzed priorities reach the queues' ordering
-LEVELS = {"batching": {"priority_levels": 3, "default_priority_level": 2}}
+# every model with priority levels (level 1 with a queue of its own), so that fuzzed priorities
+# reach the queues' ordering and limits
+LEVELS = {
+    "batching": {
+        "priority_levels": 3,
+        "default_priority_level": 2,
+        "priority_queue_policy": (QueuePolicy(level=1, max_queue_size=64),),
+    }
+}
 
 
 def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
