@@ -33,11 +33,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from benchmarks.marian import default_cache
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
 from benchmarks.perf_analyzer import PerfAnalyzer, PerfRun, find_perf_analyzer
 from benchmarks.server_process import ServeProcess
-from benchmarks.triton_peer import PeerUnavailable, TritonPeer, peer_python, vit_spec
+from benchmarks.triton_peer import on_vit_peer
 from contract.repository import read_model_config, write_model_config
 from serving.kserve.tensors import input_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
@@ -198,19 +197,14 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer, repository: Path) -> int:
         results["attnserve"] = measure(perf, server.address, size, args)
     finally:
         server.stop()
-    triton: dict[str, Any] = {"status": "skipped", "reason": "--no-triton"}
-    if not args.no_triton:
-        try:
-            spec = vit_spec(repository / "vit", args.threads)
-            peer = TritonPeer(peer_python(default_cache()), spec).start()
-        except PeerUnavailable as err:
-            triton = {"status": "skipped", "reason": str(err)}
-        else:
-            try:
-                results["triton"] = measure(perf, peer.address, size, args)
-                triton = {"status": "measured", "reason": None}
-            finally:
-                peer.stop()
+    peer, triton = on_vit_peer(
+        repository / "vit",
+        args.threads,
+        not args.no_triton,
+        lambda address: measure(perf, address, size, args),
+    )
+    if peer is not None:
+        results["triton"] = peer
     write_probe(
         "priority",
         [{"server": name, **w} for name, windows in results.items() for w in windows],

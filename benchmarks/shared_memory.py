@@ -22,11 +22,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.marian import default_cache
 from benchmarks.output import DEFAULT_RESULTS, write_probe
 from benchmarks.perf_analyzer import PerfAnalyzer, find_perf_analyzer
 from benchmarks.server_process import ServeProcess
-from benchmarks.triton_peer import PeerUnavailable, TritonPeer, peer_python, vit_spec
+from benchmarks.triton_peer import on_vit_peer
 
 MODES = ("none", "system")
 
@@ -125,20 +124,14 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer) -> int:
         results["attnserve"] = measure(perf, server.address, *measure_here)
     finally:
         server.stop()
-    triton: dict[str, Any] = {"status": "skipped", "reason": "--no-triton"}
-    if not args.no_triton:
-        try:
-            peer = TritonPeer(
-                peer_python(default_cache()), vit_spec(args.repository / "vit", args.threads)
-            ).start()
-        except PeerUnavailable as err:
-            triton = {"status": "skipped", "reason": str(err)}
-        else:
-            try:
-                results["triton"] = measure(perf, peer.address, *measure_here)
-                triton = {"status": "measured", "reason": None}
-            finally:
-                peer.stop()
+    peer, triton = on_vit_peer(
+        args.repository / "vit",
+        args.threads,
+        not args.no_triton,
+        lambda address: measure(perf, address, *measure_here),
+    )
+    if peer is not None:
+        results["triton"] = peer
     write_probe(
         "shared-memory",
         [{"server": name, **p} for name, points in results.items() for p in points],

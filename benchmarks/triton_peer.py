@@ -20,11 +20,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.loadgen import proc_stats, session_cpu_seconds
+from benchmarks.marian import default_cache
 from benchmarks.triton_peer_server import READY
+
+T = TypeVar("T")
 
 PYTRITON = "nvidia-pytriton==0.7.0"
 SERVER_SCRIPT = Path(__file__).with_name("triton_peer_server.py")
@@ -224,3 +228,21 @@ class TritonPeer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def on_vit_peer(
+    entry: Path, threads: int, wanted: bool, measure: Callable[[str], T]
+) -> tuple[T | None, dict[str, Any]]:
+    """``measure(address)`` on the Triton peer serving ``entry`` (a repository's ViT), then the
+    peer stopped: the result (None where not run) and the run's ``triton`` record (measured, or
+    skipped with the reason: not ``wanted``, or the peer cannot run here)."""
+    if not wanted:
+        return None, {"status": "skipped", "reason": "--no-triton"}
+    try:
+        peer = TritonPeer(peer_python(default_cache()), vit_spec(entry, threads)).start()
+    except PeerUnavailable as err:
+        return None, {"status": "skipped", "reason": str(err)}
+    try:
+        return measure(peer.address), {"status": "measured", "reason": None}
+    finally:
+        peer.stop()

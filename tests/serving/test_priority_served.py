@@ -94,10 +94,19 @@ def infer_vit(stub: kpb_grpc.GRPCInferenceServiceStub, images: int, priority: in
     assert reply.outputs[0].shape[0] == images
 
 
-@pytest.mark.parametrize(("priority", "behind"), [(1, LOW_REQUESTS // 2), (0, 0)])
+def check_order(later: int, urgent: bool) -> None:
+    """Priority 1 went first: most low calls ended after it; the default level: behind them."""
+    if urgent:
+        assert later >= LOW_REQUESTS // 2
+    else:
+        assert later <= 1
+
+
+@pytest.mark.parametrize(("priority", "urgent"), [(1, True), (0, False)])
 def test_the_vit_serves_priority_1_before_the_queued_default_level(
-    server: ServeProcess, priority: int, behind: int
+    server: ServeProcess, priority: int, urgent: bool
 ) -> None:
+    """(Priority 0 is the default level: behind every image queued before it.)"""
     with grpc.insecure_channel(server.address) as channel:
         stub = kpb_grpc.GRPCInferenceServiceStub(channel)
         later = finishing_order(
@@ -107,10 +116,7 @@ def test_the_vit_serves_priority_1_before_the_queued_default_level(
             lambda: infer_vit(stub, 1, priority),
             deep=64,
         )
-    if priority == 1:  # it went first: most of the 256 queued images had not run yet
-        assert later >= behind
-    else:  # priority 0 is the default level: behind every image queued before it
-        assert later <= 1
+    check_order(later, urgent)
 
 
 def translate(stub: pb_grpc.AttnServeStub, texts: int, priority: int) -> None:
@@ -125,9 +131,9 @@ def translate(stub: pb_grpc.AttnServeStub, texts: int, priority: int) -> None:
     assert all(len(t.token_ids) == 24 for t in reply.translations)
 
 
-@pytest.mark.parametrize(("priority", "behind"), [(1, LOW_REQUESTS // 2), (2, 0)])
+@pytest.mark.parametrize(("priority", "urgent"), [(1, True), (2, False)])
 def test_the_translator_admits_priority_1_first(
-    server: ServeProcess, priority: int, behind: int
+    server: ServeProcess, priority: int, urgent: bool
 ) -> None:
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.AttnServeStub(channel)
@@ -138,10 +144,7 @@ def test_the_translator_admits_priority_1_first(
             lambda: translate(stub, 1, priority),
             deep=16,
         )
-    if priority == 1:
-        assert later >= behind
-    else:
-        assert later <= 1
+    check_order(later, urgent)
 
 
 def test_the_levels_are_reported(server: ServeProcess) -> None:
