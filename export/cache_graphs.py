@@ -71,7 +71,7 @@ def _buffer(
     positions, laid out as ``kv_dtype`` lays it out."""
     like = name.removesuffix(written_name(""))
     if kv_dtype != "int8":
-        shape = ["rows_total", heads, length, head_dim]
+        shape: list[str | int] = ["rows_total", heads, length, head_dim]
         return helper.make_tensor_value_info(name, _ONNX_TYPES[kv_dtype], shape)
     inner = vector_size(like, head_dim)
     elem = TensorProto.FLOAT if is_scale(like) else TensorProto.INT8

@@ -177,20 +177,24 @@ def run_eval(args: argparse.Namespace) -> int:
         print(json.dumps({"kind": args.kind, "repository": str(args.repository), **result}))
         return 0
     from models import evaluate
+    from models.captioner import Captioner
     from models.checkpoint import load_checkpoint, shipped_checkpoint
+    from models.translator import Translator
+    from models.vit import ViT
 
     directory = args.checkpoint or shipped_checkpoint(args.kind)
     checkpoint = load_checkpoint(directory, expected_kind=args.kind)
+    # load_checkpoint checked the kind, and loads a tokenizer for every kind but vit
+    model, tokenizer = checkpoint.model, checkpoint.tokenizer
     if args.kind == "translator":
-        result = evaluate.evaluate_translator(
-            checkpoint.model, checkpoint.tokenizer, **_examples(args)
-        )
+        assert isinstance(model, Translator) and tokenizer is not None
+        result = evaluate.evaluate_translator(model, tokenizer, **_examples(args))
     elif args.kind == "captioner":
-        result = evaluate.evaluate_captioner(
-            checkpoint.model, checkpoint.tokenizer, **_examples(args)
-        )
+        assert isinstance(model, Captioner) and tokenizer is not None
+        result = evaluate.evaluate_captioner(model, tokenizer, **_examples(args))
     else:
-        result = evaluate.evaluate_vit(checkpoint.model)
+        assert isinstance(model, ViT)
+        result = evaluate.evaluate_vit(model)
     print(json.dumps({"kind": args.kind, "checkpoint": str(directory), **result}))
     return 0
 

@@ -6,6 +6,7 @@ import hashlib
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from contract.graphs import (
 from contract.images import pixel_values
 from contract.model_config import ClassifierConfig, GeneratorConfig, OnnxRuntimeOptions
 from contract.repository import REPOSITORY_FORMAT, write_manifest
+from contract.tokenizer import SubwordTokenizer
 from export.cache_graphs import CACHE_SCATTER, write_cache_graphs
 from export.cast_round_trips import drop_cast_round_trips
 from export.decoder_block import (
@@ -66,12 +68,17 @@ from export.serving_runner import (
 from export.sources import LoadedSource, load_source
 from export.spec import GraphSpec, graph_specs
 from export.triton import write_triton_config
+from models.captioner import Captioner, CaptionerConfig
 from models.data import digits, shapes
 from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED
 from models.train.common import pad_batch
+from models.translator import Translator, TranslatorConfig
+from models.vit import ViT
 
 PARITY_BATCH = 32  # held-out examples per batch of the end-to-end parity check
+# (model inputs, reference target ids) per batch of the end-to-end parity check
+Batches = Iterator[tuple[tuple[torch.Tensor, ...], list[list[int]]]]
 
 
 @dataclass(frozen=True)
@@ -334,13 +341,14 @@ def _parity(
     model = loaded.model
     n = options.parity_examples
     if loaded.kind == "vit":
+        assert isinstance(model, ViT)  # what a vit source loads
         images, _ = digits.load_digits_split("test")
         config = model.config
         images = resized(images[:n], config.image_size)
         pixels = torch.from_numpy(pixel_values(images, config.image_mean, config.image_std))
         classifier_real_parity(model, backend, pixels, report, float_dtype)
         return report
-    config = model.config
+    assert isinstance(model, Translator | Captioner)  # not a vit, so an encoder-decoder
     entry = model_config_for(loaded, "parity", options.precision)
     assert isinstance(entry, GeneratorConfig)  # not a vit, so a generator
     runner = Seq2SeqRunner(backend, entry.decoder)
@@ -350,9 +358,8 @@ def _parity(
     longest = entry.decoder.max_positions - 1
     for inputs, targets in _seq2seq_batches(loaded, n):
         clipped = [t[:longest] for t in targets]
-        seq2seq_real_parity(
-            model, runner, caches, inputs, clipped, report, min(config.max_target_length, longest)
-        )
+        new_tokens = min(model.config.max_target_length, longest)
+        seq2seq_real_parity(model, runner, caches, inputs, clipped, report, new_tokens)
     return report
 
 
@@ -362,27 +369,39 @@ def _helper_graphs(files: list[str]) -> dict[str, str]:
     return {graph: file for graph, file in graphs.items() if file in files}
 
 
-def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = PARITY_BATCH):
+def _seq2seq_batches(loaded: LoadedSource, n: int, batch: int = PARITY_BATCH) -> Batches:
     """Held-out (inputs, reference target ids) batches for end-to-end parity."""
-    config = loaded.model.config
-    tokenizer = loaded.tokenizer
+    model = loaded.model
     if loaded.kind == "translator":
-        if tokenizer is None:  # HF import: random source ids stand in for text
-            generator = torch.Generator().manual_seed(EVAL_SEED)
-            for first in range(0, n, batch):
-                size = min(batch, n - first)
-                ids = torch.randint(3, config.vocab_size, (size, 12), generator=generator)
-                ids[:, -1] = config.eos_id
-                yield (ids, torch.ones_like(ids)), [[config.eos_id]] * size
-            return
-        pairs = generate_pairs(n, seed=EVAL_SEED, split="test")
+        assert isinstance(model, Translator)  # what a translator source loads
+        return _translation_batches(model.config, loaded.tokenizer, n, batch)
+    assert isinstance(model, Captioner)  # the other encoder-decoder kind
+    return _caption_batches(model.config, loaded.tokenizer, n, batch)
+
+
+def _translation_batches(
+    config: TranslatorConfig, tokenizer: SubwordTokenizer | None, n: int, batch: int
+) -> Batches:
+    if tokenizer is None:  # HF import: random source ids stand in for text
+        generator = torch.Generator().manual_seed(EVAL_SEED)
         for first in range(0, n, batch):
-            chunk = pairs[first : first + batch]
-            ids, mask = pad_batch(
-                tokenizer.encode_batch([p.tagged_source() for p in chunk]), config.pad_id
-            )
-            yield (ids, mask), tokenizer.encode_batch([p.target for p in chunk])
+            size = min(batch, n - first)
+            ids = torch.randint(3, config.vocab_size, (size, 12), generator=generator)
+            ids[:, -1] = config.eos_id
+            yield (ids, torch.ones_like(ids)), [[config.eos_id]] * size
         return
+    pairs = generate_pairs(n, seed=EVAL_SEED, split="test")
+    for first in range(0, n, batch):
+        chunk = pairs[first : first + batch]
+        ids, mask = pad_batch(
+            tokenizer.encode_batch([p.tagged_source() for p in chunk]), config.pad_id
+        )
+        yield (ids, mask), tokenizer.encode_batch([p.target for p in chunk])
+
+
+def _caption_batches(
+    config: CaptionerConfig, tokenizer: SubwordTokenizer | None, n: int, batch: int
+) -> Batches:
     data = shapes.generate(n, seed=EVAL_SEED, split="test")
     for first in range(0, n, batch):
         chunk = data[first : first + batch]

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from models.captioner import Captioner
+from models.layers import EncoderDecoderModel
+from models.translator import Translator
+from models.vit import ViT
+
 KV = tuple[tuple[Tensor, Tensor], ...]
 
 
@@ -18,7 +23,7 @@ def _flatten(pairs: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, ...]:
 class TextEncoderGraph(nn.Module):
     """Translator encoder: ids + mask -> states and every layer's cross keys/values."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Translator) -> None:
         super().__init__()
         self.model = model
 
@@ -30,7 +35,7 @@ class TextEncoderGraph(nn.Module):
 class ImageEncoderGraph(nn.Module):
     """Captioner encoder: pixels -> states and every layer's cross keys/values."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Captioner) -> None:
         super().__init__()
         self.model = model
 
@@ -42,7 +47,7 @@ class ImageEncoderGraph(nn.Module):
 class DecoderGraph(nn.Module):
     """One decoder step (one or more new tokens) with the self-attention KV cache."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: EncoderDecoderModel) -> None:
         super().__init__()
         self.model = model
 
@@ -69,7 +74,7 @@ class DecoderGraph(nn.Module):
 class InPlaceDecoderGraph(nn.Module):
     """One decoder step (one new token per row) over a fixed-capacity cache written in place."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: EncoderDecoderModel) -> None:
         super().__init__()
         self.model = model
 
@@ -90,7 +95,7 @@ class InPlaceDecoderGraph(nn.Module):
 class ClassifierGraph(nn.Module):
     """ViT: pixels -> logits."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: ViT) -> None:
         super().__init__()
         self.model = model
 

@@ -10,12 +10,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from export.errors import ExportError
 from export.serving_runner import DecodeCache, OnnxRuntimeBackend, Seq2SeqRunner, greedy
 from export.spec import GraphSpec
+from models.captioner import Captioner
 from models.generation import greedy_generate
+from models.translator import Translator
+from models.vit import ViT
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "int8": None}  # int8 is judged on decoded outputs
 MIN_GREEDY_AGREEMENT = {"fp32": 1.0, "fp16": 0.98, "int8": 0.95}
@@ -128,7 +130,7 @@ def random_input_parity(
 
 @torch.no_grad()
 def seq2seq_real_parity(
-    model: nn.Module,
+    model: Translator | Captioner,
     runner: Seq2SeqRunner,
     caches: dict[str, DecodeCache],
     torch_inputs: tuple[torch.Tensor, ...],
@@ -191,7 +193,7 @@ def seq2seq_real_parity(
 
 @torch.no_grad()
 def classifier_real_parity(
-    model: nn.Module,
+    model: ViT,
     backend: OnnxRuntimeBackend,
     pixels: torch.Tensor,
     report: ParityReport,

@@ -26,6 +26,9 @@ from contract.repository import (
 )
 from export.errors import DestinationError
 from export.sources import EntryExtras, LoadedSource
+from models.captioner import Captioner
+from models.translator import Translator
+from models.vit import ViT
 
 
 def prepare_version_dir(repository: Path, name: str, version: int, force: bool) -> Path:
@@ -58,20 +61,27 @@ def prepare_version_dir(repository: Path, name: str, version: int, force: bool) 
 def model_config_for(source: LoadedSource, name: str, precision: str) -> ModelConfig:
     """The config.yaml for an exported model: kind, limits, batching, decoder facts, the
     tokenizer and the image preprocessing."""
-    config = source.model.config
+    model = source.model
     if source.kind == "vit":
+        assert isinstance(model, ViT)  # what a vit source loads
+        labels, classes = model.config.labels, model.config.num_classes
         return ClassifierConfig(
             name=name,
             precision=precision,  # type: ignore[arg-type]
             image=image_spec(source),
-            labels=tuple(config.labels) or tuple(str(i) for i in range(config.num_classes)),
+            labels=tuple(labels) or tuple(str(i) for i in range(classes)),
         )
     batching = InFlightBatching()
+    if source.kind == "translator":
+        assert isinstance(model, Translator)  # what a translator source loads
+        max_source = min(model.config.max_source_length, model.config.max_positions)
+    else:
+        assert isinstance(model, Captioner)  # the other encoder-decoder kind
+        max_source = model.config.num_patches + 1
+    config = model.config
     limits = GeneratorLimits(
         max_batch_size=batching.max_active_sequences,
-        max_source_length=min(config.max_source_length, config.max_positions)
-        if source.kind == "translator"
-        else config.num_patches + 1,
+        max_source_length=max_source,
         max_new_tokens=min(config.max_target_length, config.max_positions - 1),
     )
     entry = source.entry
@@ -121,7 +131,9 @@ def decoder_spec(config: Any, entry: EntryExtras | None = None) -> DecoderSpec:
 
 def image_spec(source: LoadedSource) -> ImageSpec:
     """The image preprocessing of an image model: size, mean, std and resize filter."""
-    config = source.model.config
+    model = source.model
+    assert isinstance(model, ViT | Captioner)  # the image models
+    config = model.config
     return ImageSpec(
         config.image_size,
         tuple(config.image_mean),

@@ -35,6 +35,9 @@ from export.graphs import (
     InPlaceDecoderGraph,
     TextEncoderGraph,
 )
+from models.captioner import Captioner
+from models.translator import Translator
+from models.vit import ViT
 
 # Example sizes >= 2 on every dynamic axis: torch.export specialises axes seen as 0 or 1.
 EXAMPLE_BATCH, EXAMPLE_SOURCE, EXAMPLE_PAST, EXAMPLE_NEW = 3, 7, 5, 2
@@ -92,7 +95,7 @@ def decoder_example(config: Any, source_length: int) -> Callable[[torch.Generato
     return make
 
 
-def decoder_spec(model: nn.Module, source_axis: Any, source_length: int) -> GraphSpec:
+def decoder_spec(model: Translator | Captioner, source_axis: Any, source_length: int) -> GraphSpec:
     config = model.config
     layers = config.decoder_layers
     past_axes = {0: BATCH, 2: PAST}
@@ -133,7 +136,9 @@ def decoder_inplace_example(config: Any, source_length: int) -> Callable[[torch.
     return make
 
 
-def decoder_inplace_spec(model: nn.Module, source_axis: Any, source_length: int) -> GraphSpec:
+def decoder_inplace_spec(
+    model: Translator | Captioner, source_axis: Any, source_length: int
+) -> GraphSpec:
     """The decoder step over a fixed-capacity cache written in place (opset 24)."""
     from export.onnx_ops import CUSTOM_TRANSLATIONS
 
@@ -161,7 +166,7 @@ def decoder_inplace_spec(model: nn.Module, source_axis: Any, source_length: int)
     )
 
 
-def translator_specs(model: nn.Module) -> list[GraphSpec]:
+def translator_specs(model: Translator) -> list[GraphSpec]:
     """Encoder and decoder graphs of a translator."""
     config = model.config
 
@@ -187,7 +192,7 @@ def translator_specs(model: nn.Module) -> list[GraphSpec]:
     ]
 
 
-def captioner_specs(model: nn.Module) -> list[GraphSpec]:
+def captioner_specs(model: Captioner) -> list[GraphSpec]:
     """Encoder and decoder graphs of a captioner (the source length is fixed by the image)."""
     config = model.config
     size = config.image_size
@@ -212,7 +217,7 @@ def captioner_specs(model: nn.Module) -> list[GraphSpec]:
     ]
 
 
-def vit_specs(model: nn.Module) -> list[GraphSpec]:
+def vit_specs(model: ViT) -> list[GraphSpec]:
     """The single classifier graph of a ViT."""
     config = model.config
     size = config.image_size
@@ -233,7 +238,8 @@ def vit_specs(model: nn.Module) -> list[GraphSpec]:
     ]
 
 
-SPECS: dict[str, Callable[[nn.Module], list[GraphSpec]]] = {
+# kind -> its graph specs; each function takes the model class of its kind
+SPECS: dict[str, Callable[[Any], list[GraphSpec]]] = {
     "translator": translator_specs,
     "captioner": captioner_specs,
     "vit": vit_specs,

@@ -22,13 +22,13 @@ from models.cache_ops import attend_prefix, cache_write
 KVCache = tuple[Tensor, Tensor]
 
 
-def key_padding_mask(key_mask: Tensor, query_len: int | Tensor) -> Tensor:
+def key_padding_mask(key_mask: Tensor, query_len: int) -> Tensor:
     """Expand a (B, S) key mask (nonzero = attend) to a boolean (B, 1, T, S) attention mask."""
     mask = key_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, S)
     return mask.expand(-1, -1, query_len, -1)  # (B, 1, T, S)
 
 
-def causal_self_mask(self_key_mask: Tensor, new_len: int | Tensor) -> Tensor:
+def causal_self_mask(self_key_mask: Tensor, new_len: int) -> Tensor:
     """Self-attention mask for ``new_len`` new tokens over past + new keys.
 
     Args:

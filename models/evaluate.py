@@ -7,14 +7,16 @@ from typing import Any
 import numpy as np
 import sacrebleu
 import torch
-from torch import nn
 
 from contract.images import pixel_values
 from contract.tokenizer import SubwordTokenizer
+from models.captioner import Captioner
 from models.data import digits, shapes
 from models.data.translation import LANGUAGES, Pair, generate_pairs
 from models.generation import greedy_generate
 from models.train.common import pad_batch
+from models.translator import Translator
+from models.vit import ViT
 
 EVAL_SEED = 1234  # held-out sets are drawn with their own seed, from the held-out split
 
@@ -28,7 +30,7 @@ def text_metrics(hypotheses: list[str], references: list[str]) -> dict[str, floa
 
 
 def _greedy_texts(
-    model: nn.Module, tokenizer: SubwordTokenizer, cross: list, mask: torch.Tensor
+    model: Translator | Captioner, tokenizer: SubwordTokenizer, cross: list, mask: torch.Tensor
 ) -> list[str]:
     """Greedy decoding from encoder outputs, detokenised."""
     config = model.config
@@ -45,7 +47,7 @@ def _greedy_texts(
 
 @torch.no_grad()
 def translate(
-    model: nn.Module,
+    model: Translator,
     tokenizer: SubwordTokenizer,
     tagged_sources: list[str],
     batch_size: int = 128,
@@ -61,7 +63,7 @@ def translate(
 
 
 def evaluate_translator(
-    model: nn.Module, tokenizer: SubwordTokenizer, examples: int = 1500
+    model: Translator, tokenizer: SubwordTokenizer, examples: int = 1500
 ) -> dict[str, Any]:
     """Translator metrics on the held-out split, overall and per target language."""
     pairs = generate_pairs(examples, seed=EVAL_SEED, split="test")
@@ -88,7 +90,7 @@ def translation_report(pairs: list[Pair], hypotheses: list[str]) -> dict[str, An
 
 @torch.no_grad()
 def caption_images(
-    model: nn.Module, tokenizer: SubwordTokenizer, images: np.ndarray, batch_size: int = 128
+    model: Captioner, tokenizer: SubwordTokenizer, images: np.ndarray, batch_size: int = 128
 ) -> list[str]:
     """Greedy captions of uint8 images (N, H, W, 3)."""
     config = model.config
@@ -104,7 +106,7 @@ def caption_images(
 
 
 def evaluate_captioner(
-    model: nn.Module, tokenizer: SubwordTokenizer, examples: int = 1000
+    model: Captioner, tokenizer: SubwordTokenizer, examples: int = 1000
 ) -> dict[str, Any]:
     """Captioner exact match and BLEU on held-out scenes."""
     data = shapes.generate(examples, seed=EVAL_SEED, split="test")
@@ -115,7 +117,7 @@ def evaluate_captioner(
 
 
 @torch.no_grad()
-def evaluate_vit(model: nn.Module) -> dict[str, Any]:
+def evaluate_vit(model: ViT) -> dict[str, Any]:
     """ViT accuracy on the held-out digits."""
     images, labels = digits.load_digits_split("test")
     config = model.config

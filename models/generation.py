@@ -11,13 +11,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from models.layers import KVCache
+from models.layers import KVCache, TransformerDecoder
 
 
 class EncoderDecoder(Protocol):
     """What the decoding loops need: ``decode_step`` and the decoder's ``empty_past``."""
 
-    decoder: torch.nn.Module
+    decoder: TransformerDecoder
 
     def decode_step(
         self,

@@ -57,6 +57,8 @@ def sinusoidal_table(num_positions: int, dim: int) -> Tensor:
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions, looked up by explicit position ids."""
 
+    table: Tensor  # a buffer
+
     def __init__(self, num_positions: int, dim: int) -> None:
         super().__init__()
         self.register_buffer("table", sinusoidal_table(num_positions, dim), persistent=False)
@@ -248,6 +250,8 @@ class TransformerDecoder(nn.Module):
     and ``forward`` for every step.
     """
 
+    final_logits_bias: Tensor  # a buffer
+
     def __init__(
         self,
         *,
@@ -299,15 +303,19 @@ class TransformerDecoder(nn.Module):
         They come out in ``kv_dtype`` when set (fp16 exports keep the cache in half precision
         while computing in fp32).
         """
-        pairs = [layer.cross_kv(memory) for layer in self.layers]
+        pairs: list[KVCache] = []
+        for layer in self.layers:
+            assert isinstance(layer, DecoderBlock)  # the blocks __init__ made
+            pairs.append(layer.cross_kv(memory))
         if self.kv_dtype is None:
             return pairs
         return [(k.to(self.kv_dtype), v.to(self.kv_dtype)) for k, v in pairs]
 
     def empty_past(self, batch: int, memory: Tensor) -> list[KVCache]:
         """A zero-length self-attention cache matching ``memory``'s dtype and device."""
-        layer = self.layers[0].self_attn
-        shape = (batch, layer.num_heads, 0, layer.head_dim)
+        block = self.layers[0]
+        assert isinstance(block, DecoderBlock)  # the blocks __init__ made
+        shape = (batch, block.self_attn.num_heads, 0, block.self_attn.head_dim)
         empty = memory.new_zeros(shape)
         return [(empty, empty) for _ in self.layers]
 
@@ -370,6 +378,7 @@ class TransformerDecoder(nn.Module):
         x = self.dropout(x)
         written: list[KVCache] = []
         for layer, cache, layer_cross in zip(self.layers, caches, cross, strict=True):
+            assert isinstance(layer, DecoderBlock)  # the blocks __init__ made
             x, cache = layer.forward_inplace(x, cache, cache_lengths, layer_cross, cross_lengths)
             written.append(cache)
         return self.logits(x), written

@@ -36,17 +36,17 @@ _MARIAN_REFUSED_FLAGS = (
 
 
 @register_architecture(_MARIAN, model_type="marian", kind="translator")
-class MarianLoader(ArchitectureLoader):
+class MarianLoader(ArchitectureLoader[Translator]):
     """Marian translation models (Helsinki-NLP opus-mt and the like)."""
 
     # transformers computes the sinusoidal tables; checkpoints need not store them.
     computed_weights = ("embed_positions",)
 
-    def make_model(self, hf_config: Any, directory: Path) -> nn.Module:
+    def make_model(self, hf_config: Any, directory: Path) -> Translator:
         """Our Translator for the Marian config (see ``ArchitectureLoader.make_model``)."""
         return Translator(translator_config(hf_config, directory))
 
-    def copy_weights(self, hf_model: nn.Module, model: nn.Module) -> None:
+    def copy_weights(self, hf_model: nn.Module, model: Translator) -> None:
         """Marian weights -> our Translator (see ``ArchitectureLoader.copy_weights``)."""
         config: TranslatorConfig = model.config
         weights = Weights(hf_model, _MARIAN)
@@ -69,7 +69,7 @@ class MarianLoader(ArchitectureLoader):
         weights.load_into(model)
 
     def entry_extras(
-        self, transformers: Any, hf_model: nn.Module, model: nn.Module, directory: Path
+        self, transformers: Any, hf_model: nn.Module, model: Translator, directory: Path
     ) -> EntryExtras:
         """The SentencePiece tokenizer, target languages and token rules (``bad_words_ids``,
         ``forced_eos_token_id``) of a Marian directory (see ``ArchitectureLoader``)."""

@@ -3,7 +3,7 @@
 An architecture module defines one ``ArchitectureLoader`` subclass and registers it::
 
     @register_architecture("MarianMTModel", model_type="marian", kind="translator")
-    class MarianLoader(ArchitectureLoader):
+    class MarianLoader(ArchitectureLoader[Translator]):
         def make_model(self, hf_config, directory): ...
         def copy_weights(self, hf_model, model): ...
 
@@ -17,16 +17,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from torch import nn
 
 from export.sources import EntryExtras
 from models.config import MODEL_KINDS
 
+Model = TypeVar("Model", bound=nn.Module)
 
-class ArchitectureLoader(ABC):
-    """How one HF architecture becomes one of our models.
+
+class ArchitectureLoader(ABC, Generic[Model]):
+    """How one HF architecture becomes one of our models (``Model``, the class it makes).
 
     ``register_architecture`` sets the three class attributes; subclasses implement the two
     steps, each refusing with a ``SourceError`` what our model cannot express.
@@ -40,7 +42,7 @@ class ArchitectureLoader(ABC):
     computed_weights: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
-    def make_model(self, hf_config: Any, directory: Path) -> nn.Module:
+    def make_model(self, hf_config: Any, directory: Path) -> Model:
         """Our model, randomly initialised, with the configuration of the HF one.
 
         Args:
@@ -55,7 +57,7 @@ class ArchitectureLoader(ABC):
         """
 
     @abstractmethod
-    def copy_weights(self, hf_model: nn.Module, model: nn.Module) -> None:
+    def copy_weights(self, hf_model: nn.Module, model: Model) -> None:
         """Copy every weight of ``hf_model`` into ``model``.
 
         Args:
@@ -67,7 +69,7 @@ class ArchitectureLoader(ABC):
         """
 
     def entry_extras(
-        self, transformers: Any, hf_model: nn.Module, model: nn.Module, directory: Path
+        self, transformers: Any, hf_model: nn.Module, model: Model, directory: Path
     ) -> EntryExtras:
         """What the repository entry needs besides the graphs: the tokenizer files and the
         preprocessing serving repeats, the generation rules it applies (none by default).
@@ -98,8 +100,8 @@ class ArchitectureLoader(ABC):
         return getattr(transformers, self.architecture)
 
 
-_Loader = TypeVar("_Loader", bound=type[ArchitectureLoader])
-_LOADERS: dict[str, ArchitectureLoader] = {}
+_Loader = TypeVar("_Loader", bound=type[ArchitectureLoader[Any]])
+_LOADERS: dict[str, ArchitectureLoader[Any]] = {}
 
 
 def register_architecture(
@@ -157,7 +159,7 @@ def supported_architectures() -> tuple[str, ...]:
     return tuple(sorted(_LOADERS))
 
 
-def loader_for(architecture: str) -> ArchitectureLoader | None:
+def loader_for(architecture: str) -> ArchitectureLoader[Any] | None:
     """The loader registered for ``architecture``.
 
     Args:

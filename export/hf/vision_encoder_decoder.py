@@ -37,14 +37,14 @@ SUPPORTED_CAPTION_DECODERS: tuple[str, ...] = ("gpt2",)
 
 
 @register_architecture(_VED, model_type="vision-encoder-decoder", kind="captioner")
-class VisionEncoderDecoderLoader(ArchitectureLoader):
+class VisionEncoderDecoderLoader(ArchitectureLoader[Captioner]):
     """Image captioners made of a ViT encoder and a GPT-2 decoder (nlpconnect/vit-gpt2-...)."""
 
-    def make_model(self, hf_config: Any, directory: Path) -> nn.Module:
+    def make_model(self, hf_config: Any, directory: Path) -> Captioner:
         """Our Captioner for the HF config (see ``ArchitectureLoader.make_model``)."""
         return Captioner(captioner_config(hf_config, directory))
 
-    def copy_weights(self, hf_model: nn.Module, model: nn.Module) -> None:
+    def copy_weights(self, hf_model: nn.Module, model: Captioner) -> None:
         """ViT + GPT-2 weights -> our Captioner (see ``ArchitectureLoader.copy_weights``)."""
         config: CaptionerConfig = model.config
         weights = Weights(hf_model, _VED)
@@ -54,7 +54,7 @@ class VisionEncoderDecoderLoader(ArchitectureLoader):
         weights.load_into(model)
 
     def entry_extras(
-        self, transformers: Any, hf_model: nn.Module, model: nn.Module, directory: Path
+        self, transformers: Any, hf_model: nn.Module, model: Captioner, directory: Path
     ) -> EntryExtras:
         """The GPT-2 tokenizer (tokenizer.json), the image processor's resize filter and the
         token rules (see ``ArchitectureLoader.entry_extras``)."""

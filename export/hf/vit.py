@@ -36,14 +36,14 @@ _VIT_PROCESSORS = (
 
 
 @register_architecture(_VIT, model_type="vit", kind="vit")
-class ViTLoader(ArchitectureLoader):
+class ViTLoader(ArchitectureLoader[ViT]):
     """ViT image classifiers (google/vit-* and the like)."""
 
-    def make_model(self, hf_config: Any, directory: Path) -> nn.Module:
+    def make_model(self, hf_config: Any, directory: Path) -> ViT:
         """Our ViT for the HF ViT config (see ``ArchitectureLoader.make_model``)."""
         return ViT(vit_config(hf_config, directory))
 
-    def copy_weights(self, hf_model: nn.Module, model: nn.Module) -> None:
+    def copy_weights(self, hf_model: nn.Module, model: ViT) -> None:
         """HF ViT classifier weights -> our ViT (see ``ArchitectureLoader.copy_weights``)."""
         weights = Weights(hf_model, _VIT)
         map_vit_encoder(weights, "encoder", "vit", model.config.num_layers)
@@ -51,7 +51,7 @@ class ViTLoader(ArchitectureLoader):
         weights.load_into(model)
 
     def entry_extras(
-        self, transformers: Any, hf_model: nn.Module, model: nn.Module, directory: Path
+        self, transformers: Any, hf_model: nn.Module, model: ViT, directory: Path
     ) -> EntryExtras:
         """The image processor's resize filter (see ``ArchitectureLoader.entry_extras``)."""
         preprocessing = image_preprocessing(directory, model.config.image_size)

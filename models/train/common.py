@@ -48,7 +48,8 @@ def learning_rate(settings: TrainSettings, step: int, progress: float) -> float:
 
 def make_optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.Optimizer:
     """AdamW with no weight decay on biases, norms, embeddings of positions and the class token."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
