@@ -94,8 +94,7 @@ def _dynamic_batching(model: ServedModel) -> pb.ModelDynamicBatching:
         default_priority_level=b.default_priority_level,
         default_queue_policy=_queue_policy(b.timeout_ms, b.max_queue_size),
         priority_queue_policy={
-            p.level: _queue_policy(p.timeout_ms, p.max_queue_size)
-            for p in b.priority_queue_policy
+            p.level: _queue_policy(p.timeout_ms, p.max_queue_size) for p in b.priority_queue_policy
         },
     )
 
