@@ -25,8 +25,8 @@ eval: $(STAMP)
 	$(BIN)/attnserve eval vit
 	$(BIN)/attnserve eval captioner
 
-# Packages mypy checks in `make test` (clean; the benchmarks code is not yet).
-TYPED := serving contract export models
+# Packages mypy checks in `make test` (all clean).
+TYPED := serving contract export models benchmarks
 
 test: $(STAMP) system-deps perf-analyzer
 	$(BIN)/ruff check .

@@ -243,6 +243,7 @@ def _decoding(
     ``max_batch`` cache rows, ``new_tokens`` positions."""
     from contract.repository import resolve_version
     from serving.backends.base import BackendError
+    from serving.engine.decode_cache import DecodeCache
     from serving.engine.padded_cache import PaddedKVCache
     from serving.repository import make_backends
     from serving.seq2seq import Seq2SeqRunner
@@ -272,7 +273,7 @@ def _decoding(
     decoding = []
     for backend in backends:
         runner = Seq2SeqRunner(backend, config.decoder)
-        cache = inplace_cache(backend, config)
+        cache: DecodeCache | None = inplace_cache(backend, config)
         if cache is None:
             cache = PaddedKVCache(runner, max_batch * config.decoder.max_positions)
         decoding.append((runner, cache))
@@ -384,6 +385,7 @@ def _derived_copy(
     import onnx
 
     from contract.graphs import DECODER_FILE, DECODER_INPLACE_FILE, ENCODER_FILE
+    from contract.model_config import GeneratorConfig, Precision
     from contract.repository import read_model_config, write_model_config
     from export.cache_graphs import write_cache_graphs
     from export.kv_int8 import int8_kv_cache
@@ -406,7 +408,10 @@ def _derived_copy(
             quantize_int8(fp32_entry / "1" / graph, scratch / "1" / graph)
         else:
             shutil.copy2(fp32_entry / "1" / graph, scratch / "1" / graph)
-    config = replace(read_model_config(fp32_entry), name=entry.name, precision=precision)
+    fp32_config = read_model_config(fp32_entry)
+    assert isinstance(fp32_config, GeneratorConfig)  # a Marian export
+    derived: Precision = "int8" if precision == "int8" else "fp32"  # int8 or fp32 get here
+    config = replace(fp32_config, name=entry.name, precision=derived)
     spec = config.decoder
     path = scratch / "1" / DECODER_INPLACE_FILE
     if kv_cache_dtype == "int8" and DECODER_INPLACE_FILE in graphs:

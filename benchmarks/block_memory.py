@@ -46,19 +46,21 @@ def measure_entry(entry: Path, decode_block: bool, batch: int, new_tokens: int) 
     from contract.graphs import DECODER_BLOCK_FILE, DECODER_INPLACE_FILE
     from contract.repository import resolve_version
     from serving.repository import make_backend
-    from serving.served import serve
+    from serving.served import ServedGenerator, serve
 
     imported = rss_bytes()
     config = served_config(entry, 0, "cpu")
     config = replace(config, batching=replace(config.batching, decode_block=decode_block))
     version = resolve_version(entry)
     model = serve(config, version, make_backend(config, version))
+    assert isinstance(model, ServedGenerator)  # a translation entry
     loaded = rss_bytes()
-    cache, spec = model.engine.cache, model.config.decoder
+    engine: Any = model.engine  # its cache and runner, reached into directly
+    cache, spec = engine.cache, model.config.decoder
     steps = getattr(cache, "block_steps", 0)
     ids = np.full((batch, 12), 5, dtype=np.int64)
     ids[:, -1] = spec.eos_id
-    encoded = model.engine.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    encoded = engine.runner.encode({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     fixed_greedy(cache, encoded, spec, new_tokens, [spec.eos_id], block=bool(steps))
     decoded = rss_bytes()
     files = {name: version / name for name in (DECODER_INPLACE_FILE, DECODER_BLOCK_FILE)}

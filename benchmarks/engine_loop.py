@@ -31,6 +31,7 @@ import numpy as np
 
 from benchmarks.marian import default_cache
 from benchmarks.output import write_probe
+from contract.model_config import GeneratorConfig
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
@@ -101,7 +102,10 @@ def instant_engine(
     from serving.served.generator import local_engine
 
     config = engine_config(entry, rows, join_interval_steps, max_new_tokens, overlap)
-    engine = local_engine(config, make_backend(config, resolve_version(entry)), ServingMetrics())
+    # Any: the emulation below replaces the engine's decoder, runner and block by hand
+    engine: Any = local_engine(
+        config, make_backend(config, resolve_version(entry)), ServingMetrics()
+    )
     spec = config.decoder
     logits = np.random.default_rng(0).standard_normal((rows, 1, spec.vocab_size))
     logits = logits.astype(np.float32)
@@ -236,13 +240,15 @@ def engine_config(
     join_interval_steps: int = 1,
     max_new_tokens: int = NEW_TOKENS,
     overlap: bool = False,
-) -> Any:
+) -> GeneratorConfig:
     """The entry's config with ``rows`` cache rows (and as many joiners and 4x queued),
     ``join_interval_steps``, ``max_new_tokens`` as its token limit and ``overlap_steps``; one
     step per run (``decode_block`` off)."""
     from contract.repository import read_model_config
 
     config = read_model_config(entry)
+    if not isinstance(config, GeneratorConfig):
+        raise SystemExit(f"{entry} is not a generator entry")
     batching = replace(
         config.batching,
         max_active_sequences=rows,

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def profile_batch(
     threads: int,
     new_tokens: int,
     shape: MarianShape,
-    kv_cache: str = "inplace",
+    kv_cache: Literal["inplace", "growing"] = "inplace",
 ) -> dict[str, Any]:
     """Decode one batch under the profiler; ms per step and operator shares."""
     import onnxruntime as ort

@@ -37,13 +37,14 @@ from benchmarks.output import DEFAULT_RESULTS, log, write_probe
 from benchmarks.perf_analyzer import PerfAnalyzer, PerfRun, find_perf_analyzer
 from benchmarks.server_process import ServeProcess
 from benchmarks.triton_peer import on_vit_peer
+from contract.model_config import ClassifierConfig
 from contract.repository import read_model_config, write_model_config
 from serving.kserve.tensors import input_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 
 MODES = {"default": None, "priority 1": 1}  # the probe's priority parameter per mode
-LEVELS = {"priority_levels": 2, "default_priority_level": 2}
+LEVELS = {"priority_levels": 2, "default_priority_level": 2}  # the probe's 1 is the higher
 TIMEOUT_S = 30.0
 
 
@@ -52,10 +53,22 @@ def vit_with_levels(repository: Path, scratch: Path) -> Path:
     target = scratch / "repository"
     shutil.copytree(repository / "vit", target / "vit", copy_function=os.link)
     (target / "vit" / "config.yaml").unlink()  # rewritten, never through the link
-    config = read_model_config(repository / "vit")
-    batching = dataclasses.replace(config.batching, **LEVELS)
+    config = vit_config(repository)
+    batching = dataclasses.replace(
+        config.batching,
+        priority_levels=LEVELS["priority_levels"],
+        default_priority_level=LEVELS["default_priority_level"],
+    )
     write_model_config(dataclasses.replace(config, batching=batching), target / "vit")
     return target
+
+
+def vit_config(repository: Path) -> ClassifierConfig:
+    """The repository's ViT entry's config (with its image preprocessing)."""
+    config = read_model_config(repository / "vit")
+    if not isinstance(config, ClassifierConfig) or config.image is None:
+        raise SystemExit(f"{repository / 'vit'} is not an image classifier entry")
+    return config
 
 
 def probe_request(size: int, priority: int | None, seed: int) -> kpb.ModelInferRequest:
@@ -133,7 +146,8 @@ def measure(
                         windows.append({"round": round_, "mode": mode, **window})
                         log(f"{address} {mode}: {window}")
             if background.poll() is not None:
-                raise RuntimeError(f"perf_analyzer stopped: {background.stderr.read()[-400:]}")
+                _, errors = background.communicate()
+                raise RuntimeError(f"perf_analyzer stopped: {errors[-400:]}")
         finally:
             background.terminate()
             background.wait(timeout=30)
@@ -186,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, perf: PerfAnalyzer, repository: Path) -> int:
     """Measure both servers and write the result."""
-    size = read_model_config(repository / "vit").image.size
+    image = vit_config(repository).image
+    assert image is not None  # vit_config checked it
+    size = image.size
     results: dict[str, list[dict[str, Any]]] = {}
     server = ServeProcess(
         repository,

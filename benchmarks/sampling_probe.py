@@ -28,7 +28,7 @@ from serving.generation import sampling
 from serving.generation.options import DecodingOptions
 from serving.generation.sampling import RowSampler
 
-FILTERS = {
+FILTERS: dict[str, dict[str, Any]] = {
     "temperature": {"temperature": 1.0},
     "top_k_50": {"temperature": 0.8, "top_k": 50},
     "top_p_0.95": {"temperature": 0.8, "top_p": 0.95},

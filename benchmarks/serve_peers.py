@@ -123,6 +123,7 @@ class SameRun:
             return []
         try:
             self.triton_section.update(status="measured", reason=None, server=_server(peer))
+            assert peer.process is not None  # started above
             pids = functools.partial(session_processes, peer.process.pid)
             load = self._points(peer.address, TRITON, TRITON, peer.cpu_seconds, pids)
             points = asyncio.run(load)

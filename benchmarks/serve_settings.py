@@ -73,7 +73,7 @@ SPIN_DURATION_US = 50  # the spinning setup's spin_duration_us
 STREAM_INTERVAL_MS = 20  # the stream_interval setup's batching.stream_interval_ms
 # Per setup, the onnxruntime fields each model's config.yaml gets (beside the benchmark's threads
 # and execution providers).
-ONNXRUNTIME_EDITS = {
+ONNXRUNTIME_EDITS: dict[str, dict[str, Any]] = {
     "spinning": {"allow_spinning": True, "spin_duration_us": SPIN_DURATION_US},
     "cuda_graphs": {"cuda_graph": True},
     "no_cuda_graphs": {"cuda_graph": False},

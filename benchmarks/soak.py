@@ -421,7 +421,8 @@ def soak(
     inputs = Inputs.make()
     server = None
     if address is None:
-        flags = ("--metrics-port", "-1", "--frontend-workers", str(frontend_workers))
+        flags: tuple[str, ...] = ("--metrics-port", "-1")
+        flags += ("--frontend-workers", str(frontend_workers))
         flags += ("--system-shared-memory",) * SHM.is_dir()
         server = ServeProcess(repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid

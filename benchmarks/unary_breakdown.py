@@ -95,7 +95,7 @@ def instrument(clock: Clock) -> Callable[[], None]:
         clock.stamp("handler_return")
         return response
 
-    AttnServeServicer.Translate = handler
+    setattr(AttnServeServicer, "Translate", handler)  # noqa: B010 (instrumentation)
     chunks = InFlightEngine.generate_chunks
 
     async def generate_chunks(self: Any, request: Any) -> Any:
@@ -104,13 +104,18 @@ def instrument(clock: Clock) -> Callable[[], None]:
             clock.stamp("result_in_loop")
             yield chunk
 
-    InFlightEngine.generate_chunks = generate_chunks
-    InFlightEngine._admit = clock.around(InFlightEngine._admit, "engine_admits")
-    InFlightEngine._finish = clock.around(InFlightEngine._finish, "finish_posted")
-    Seq2SeqRunner.encode = clock.around(Seq2SeqRunner.encode, "encode_start", "encode_end")
+    patches: list[tuple[Any, str, Any]] = [
+        (InFlightEngine, "generate_chunks", generate_chunks),
+        (InFlightEngine, "_admit", clock.around(InFlightEngine._admit, "engine_admits")),
+        (InFlightEngine, "_finish", clock.around(InFlightEngine._finish, "finish_posted")),
+        (Seq2SeqRunner, "encode", clock.around(Seq2SeqRunner.encode, "encode_start", "encode_end")),
+    ]
     for cache in (InPlaceKVCache, PaddedKVCache):
-        cache.step = clock.around(cache.step, "step_start", "step_end")
-        cache.step_greedy = clock.around(cache.step_greedy, "step_start", "step_end")
+        patches.append((cache, "step", clock.around(cache.step, "step_start", "step_end")))
+        step_greedy = clock.around(cache.step_greedy, "step_start", "step_end")
+        patches.append((cache, "step_greedy", step_greedy))
+    for owner, name, wrapped in patches:  # setattr: mypy refuses assignments to methods
+        setattr(owner, name, wrapped)
 
     def restore() -> None:
         for owner, name, original in originals:
