@@ -262,6 +262,12 @@ def model_info(model: ServedModel) -> pb.ModelInfo:
             timeout_ms=c.batching.timeout_ms,
             priority_levels=c.batching.priority_levels,
             default_priority_level=c.batching.default_priority_level,
+            priority_queue_policy=[
+                pb.LevelQueue(
+                    level=p.level, max_queue_size=p.max_queue_size, timeout_ms=p.timeout_ms
+                )
+                for p in c.batching.priority_queue_policy
+            ],
         ),
     )
     if isinstance(model, ServedClassifier):

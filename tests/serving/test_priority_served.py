@@ -162,6 +162,11 @@ def test_the_levels_are_reported(server: ServeProcess) -> None:
                 for level, p in batching.priority_queue_policy.items()
             }
             assert own == ({1: (64, 5_000_000)} if model == "vit" else {})
+            listed = [
+                (p.level, p.max_queue_size, p.timeout_ms)
+                for p in info.batching.priority_queue_policy
+            ]
+            assert listed == ([(1, 64, 5000)] if model == "vit" else [])
         metadata = kserve.ServerMetadata(kpb.ServerMetadataRequest(), timeout=TIMEOUT)
         assert "schedule_policy" in metadata.extensions
 

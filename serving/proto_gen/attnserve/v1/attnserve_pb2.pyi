@@ -286,7 +286,7 @@ class Limits(_message.Message):
     def __init__(self, max_batch_size: _Optional[int] = ..., max_source_length: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., max_image_bytes: _Optional[int] = ...) -> None: ...
 
 class Batching(_message.Message):
-    __slots__ = ("max_batch_size", "max_queue_delay_us", "max_queue_size", "timeout_ms", "in_flight", "priority_levels", "default_priority_level")
+    __slots__ = ("max_batch_size", "max_queue_delay_us", "max_queue_size", "timeout_ms", "in_flight", "priority_levels", "default_priority_level", "priority_queue_policy")
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_DELAY_US_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +294,7 @@ class Batching(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_LEVELS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_PRIORITY_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
     max_batch_size: int
     max_queue_delay_us: int
     max_queue_size: int
@@ -301,7 +302,18 @@ class Batching(_message.Message):
     in_flight: bool
     priority_levels: int
     default_priority_level: int
-    def __init__(self, max_batch_size: _Optional[int] = ..., max_queue_delay_us: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., in_flight: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ...) -> None: ...
+    priority_queue_policy: _containers.RepeatedCompositeFieldContainer[LevelQueue]
+    def __init__(self, max_batch_size: _Optional[int] = ..., max_queue_delay_us: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., in_flight: _Optional[bool] = ..., priority_levels: _Optional[int] = ..., default_priority_level: _Optional[int] = ..., priority_queue_policy: _Optional[_Iterable[_Union[LevelQueue, _Mapping]]] = ...) -> None: ...
+
+class LevelQueue(_message.Message):
+    __slots__ = ("level", "max_queue_size", "timeout_ms")
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_QUEUE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    level: int
+    max_queue_size: int
+    timeout_ms: int
+    def __init__(self, level: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class TensorInfo(_message.Message):
     __slots__ = ("name", "datatype", "shape")
