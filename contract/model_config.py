@@ -195,14 +195,14 @@ def _check_priorities(section: DynamicBatching | InFlightBatching) -> None:
         seen.add(policy.level)
 
 
-def level_policy(level: int, section: DynamicBatching | InFlightBatching) -> QueuePolicy | None:
-    """The queue policy of its own that ``level`` has, if any."""
-    return next((p for p in section.priority_queue_policy if p.level == level), None)
+def level_policy(level: int, policies: tuple[QueuePolicy, ...]) -> QueuePolicy | None:
+    """The queue policy of its own that ``level`` has among ``policies``, if any."""
+    return next((p for p in policies if p.level == level), None)
 
 
 def level_timeout_ms(level: int, section: DynamicBatching | InFlightBatching) -> int:
     """The default deadline (ms, 0 = none) of a request queued at ``level``."""
-    policy = level_policy(level, section)
+    policy = level_policy(level, section.priority_queue_policy)
     return section.timeout_ms if policy is None else policy.timeout_ms
 
 

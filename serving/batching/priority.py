@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Collection
 from typing import Protocol, TypeVar
 
-from contract.model_config import QueuePolicy
+from contract.model_config import QueuePolicy, level_policy
 
 
 class Prioritised(Protocol):
@@ -42,11 +42,10 @@ def level_limit(
 ) -> tuple[int, str]:
     """The limit on waiting requests that applies at ``level`` (0 = none) and the config field
     that sets it: the level's own queue policy, else the model's ``max_queue_size``."""
-    for policy in policies:
-        if policy.level == level:
-            field = f"batching.priority_queue_policy level {level}: max_queue_size"
-            return policy.max_queue_size, field
-    return max_queue_size, "batching.max_queue_size"
+    policy = level_policy(level, policies)
+    if policy is None:
+        return max_queue_size, "batching.max_queue_size"
+    return policy.max_queue_size, f"batching.priority_queue_policy level {level}: max_queue_size"
 
 
 def queue_is_full(
