@@ -98,6 +98,13 @@ def _add_serve_parser(subparsers: Any) -> None:
         "tensors through registered POSIX shared memory regions; only for clients trusted like "
         "the server (default: off)",
     )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=("none", "explicit"),
+        help="explicit: load, reload and unload models while the server runs (KServe "
+        "RepositoryModelLoad / RepositoryModelUnload, tritonclient's load_model / unload_model); "
+        "default none",
+    )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
     security.add_argument("--tls-key", help="PEM private key of --tls-cert")

@@ -17,10 +17,19 @@ Python's collector as it is.
 engine loop ran no collection at all, but the served translator on the same VM (32 streams,
 five alternated ``bench serve`` runs each) used 475-518 against 458-498 us of server CPU per
 token, within the VM's noise but not better, so it is not the default.
+
+A model that model control replaces or unloads may belong to that frozen heap, where no
+collection looks: its reference cycles (a classifier's batcher holds its model) would keep its
+sessions alive for good. ``release`` (after such a model has stopped) unfreezes, collects and
+freezes again, then asks glibc to hand freed heap pages back to the system (``malloc_trim``).
+Measured on the tiny models (2-core AMD EPYC VM, 2026-11-28): without it, the ViT replaced by
+a reload stayed alive; a 45 s soak with a reload every 2 s grew the server's RSS by 10.7%.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import logging
 
@@ -41,3 +50,26 @@ def settle(freeze: bool, gen0_threshold: int = 0) -> None:
         gc.get_freeze_count(),
         gc.get_threshold(),
     )
+
+
+def release() -> None:
+    """Free what a stopped model held: where this process froze its heap (``settle``), the
+    frozen heap is collected and frozen again (the models still served stay in it), else a full
+    collection; then freed heap pages go back to the system (glibc only)."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+    else:
+        gc.collect()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc
+        return
+    trim(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from contract.repository import (
 from contract.schema import SchemaError
 from serving.backends.base import Backend, BackendError
 from serving.backends.onnxruntime import OnnxRuntimeBackend
-from serving.errors import InvalidArgument, NotFound
+from serving.errors import FailedPrecondition, InvalidArgument, NotFound
 from serving.metrics import ServingMetrics
 from serving.served import ServedModel, serve
 
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 
 
 ModelFactory = Callable[[ModelConfig, Path], ServedModel]
+NOT_LOADED = "not loaded: the server serves only the models its `models` setting names"
+UNLOADED = "unloaded (RepositoryModelUnload)"
 
 
 class RepositoryError(ValueError):
@@ -116,10 +119,16 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
 class ModelRepository:
     """The served models of one repository directory, by name.
 
+    Models may be loaded, reloaded and unloaded while the server runs (``load_model``,
+    ``withdraw``; Triton's model control, README: Model control); the other entries of the
+    directory are listed by ``unserved`` with the reason they are not served.
+
     Args:
         models: the served models by name.
         root: the repository directory they were loaded from.
         not_loaded: the names of the directory's other entries (left out by ``--models``).
+        metrics: where models loaded later record.
+        factory: how models loaded later are built (see ``load``).
     """
 
     def __init__(
@@ -127,10 +136,17 @@ class ModelRepository:
         models: dict[str, ServedModel],
         root: Path | None = None,
         not_loaded: tuple[str, ...] = (),
+        metrics: ServingMetrics | None = None,
+        factory: ModelFactory | None = None,
     ) -> None:
         self._models = models
         self.root = root
-        self.not_loaded = not_loaded
+        self.metrics = metrics
+        self.factory = factory
+        # why an entry of the directory is not served (absent: never asked for, NOT_LOADED)
+        self._reasons: dict[str, str] = dict.fromkeys(not_loaded, NOT_LOADED)
+        # held by whoever loads or unloads (one at a time; ``serving.model_control``)
+        self.control = asyncio.Lock()
 
     @classmethod
     def load(
@@ -143,7 +159,7 @@ class ModelRepository:
         """Load every entry (or only ``names``) of the repository at ``root``.
 
         ``factory`` builds each served model from its config and version folder; by default it
-        loads the graphs here (``serve`` over ``make_backend``). A frontend process passes one
+        loads the graphs here (``serve`` over ``make_backends``). A frontend process passes one
         that serves the model through the engine process instead.
 
         Raises:
@@ -157,7 +173,7 @@ class ModelRepository:
                 f"model repository {root} does not exist; export models into it with "
                 "`attnserve export KIND --out REPOSITORY`"
             )
-        entries = sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+        entries = _entries(root)
         not_loaded: tuple[str, ...] = ()
         if names:
             missing = sorted(set(names) - {p.name for p in entries})
@@ -169,49 +185,45 @@ class ModelRepository:
             raise RepositoryError(f"{root} holds no models (no */config.yaml)")
         models = {}
         for entry in entries:
-            if not is_valid_model_name(entry.name):
-                raise RepositoryError(
-                    f"cannot serve {entry}: the folder name {entry.name[:100]!r} is not a valid "
-                    f"model name ({MODEL_NAME_RULE}); rename the folder and the `name` in its "
-                    "config.yaml"
-                )
-            try:
-                config = read_model_config(entry)
-                if config.name != entry.name:
-                    raise SchemaError(
-                        f"config.yaml names {config.name!r} but sits in {entry.name}/"
-                    )
-                version_dir = resolve_version(entry)
-                if factory is None:
-                    first, *more = make_backends(config, version_dir)
-                    models[config.name] = serve(config, version_dir, first, metrics, more)
-                else:
-                    models[config.name] = factory(config, version_dir)
-            except (SchemaError, BackendError, OSError, ValueError) as err:
-                raise RepositoryError(f"cannot serve {entry}: {err}") from err
-            log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
-        return cls(models, root, not_loaded)
+            model = build_model(entry, metrics, factory)
+            models[model.name] = model
+        return cls(models, root, not_loaded, metrics, factory)
 
     def get(self, name: str) -> ServedModel:
         """The served model called ``name``.
 
         Raises:
             InvalidArgument: ``name`` cannot be a model name (a path, empty, too long, ...).
-            NotFound: listing the models this server has.
+            NotFound: listing the models this server has (and, for an entry of the repository
+                that is not served, why and how to load it).
         """
-        if not is_valid_model_name(name):
-            raise InvalidArgument(
-                f"{name[:100]!r} is not a model name: model names are {MODEL_NAME_RULE}; "
-                "ListModels lists the served ones"
-            )
+        check_model_name(name)
         model = self._models.get(name)
         if model is None:
             known = ", ".join(sorted(self._models)) or "none"
+            reason = self._reasons.get(name)
+            if reason is not None:
+                raise NotFound(
+                    f"model {name!r} is not served ({reason}); RepositoryModelLoad loads it on "
+                    f"a server started with --model-control-mode explicit; served: {known}"
+                )
             raise NotFound(f"no model named {name[:100]!r}; this server has: {known}")
         return model
 
     def models(self) -> list[ServedModel]:
         return [self._models[name] for name in sorted(self._models)]
+
+    def unserved(self) -> dict[str, str]:
+        """The entries of the repository directory that are not served, with the reason."""
+        try:
+            names = [p.name for p in _entries(self.root)] if self.root is not None else []
+        except OSError:  # the directory went away
+            names = []
+        return {
+            name: self._reasons.get(name, NOT_LOADED)
+            for name in [*names, *self._reasons]
+            if name not in self._models
+        }
 
     async def start(self) -> None:
         for model in self._models.values():
@@ -220,3 +232,113 @@ class ModelRepository:
     async def stop(self, grace: float) -> None:
         for model in self._models.values():
             await model.stop(grace)
+
+    # --- model control --------------------------------------------------------------------------
+    async def load_model(self, name: str) -> ServedModel | None:
+        """Load (or reload) the entry ``name`` from the repository directory and serve it (the
+        caller holds ``control``).
+
+        The new model is built off the event loop and started before it replaces the one it
+        reloads, so requests never find the name unserved; requests already running keep the
+        old one, which is returned for the caller to stop (None where none was served).
+
+        Raises:
+            InvalidArgument: ``name`` cannot be a model name.
+            NotFound: the repository has no entry ``name``.
+            FailedPrecondition: the entry cannot be served (its config or graphs; the message
+                names the cause); what was served under the name stays served.
+        """
+        check_model_name(name)
+        entry = self._entry(name)
+        try:
+            model = await asyncio.to_thread(build_model, entry, self.metrics, self.factory)
+        except RepositoryError as err:
+            raise self._failed(name, err) from err
+        try:
+            await model.start()
+        except BackendError as err:
+            await model.stop(0)
+            raise self._failed(name, RepositoryError(f"cannot start {entry}: {err}")) from err
+        old = self._models.get(name)
+        self._models[name] = model
+        self._reasons.pop(name, None)
+        return old
+
+    def _failed(self, name: str, err: RepositoryError) -> FailedPrecondition:
+        if name not in self._models:
+            self._reasons[name] = f"load failed: {err}"
+        kept = " (the version loaded before stays served)" if name in self._models else ""
+        return FailedPrecondition(f"{err}; fix the entry and load it again{kept}")
+
+    def withdraw(self, name: str) -> ServedModel:
+        """Stop serving ``name`` to new requests (NOT_FOUND, saying it was unloaded; the caller
+        holds ``control``); returns the model for the caller to stop (requests already running
+        finish on it).
+
+        Raises:
+            InvalidArgument: ``name`` cannot be a model name.
+            NotFound: no model ``name`` is served.
+        """
+        check_model_name(name)
+        model = self._models.pop(name, None)
+        if model is None:
+            self.get(name)  # raises, saying why it is not served
+        assert model is not None
+        self._reasons[name] = UNLOADED
+        return model
+
+    def _entry(self, name: str) -> Path:
+        entry = None if self.root is None else self.root / name
+        if entry is None or not (entry / CONFIG_FILE).is_file():
+            where = self.root if self.root is not None else "this server's repository"
+            raise NotFound(
+                f"{where} has no entry {name!r} (no {name}/{CONFIG_FILE}); export it with "
+                "`attnserve export KIND --out REPOSITORY --name NAME`"
+            )
+        return entry
+
+
+def _entries(root: Path) -> list[Path]:
+    """The model entries of a repository directory (folders with a config.yaml), by name."""
+    return sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
+
+
+def check_model_name(name: str) -> None:
+    """Raises InvalidArgument where ``name`` cannot be a model name (a path, empty, long)."""
+    if not is_valid_model_name(name):
+        raise InvalidArgument(
+            f"{name[:100]!r} is not a model name: model names are {MODEL_NAME_RULE}; "
+            "ListModels lists the served ones"
+        )
+
+
+def build_model(
+    entry: Path, metrics: ServingMetrics | None, factory: ModelFactory | None
+) -> ServedModel:
+    """The served model of one repository entry (not started): its graphs loaded here, or
+    ``factory``'s model.
+
+    Raises:
+        RepositoryError: the folder name is not a valid model name, or the entry's config or
+            graphs are broken (named, with the cause).
+    """
+    if not is_valid_model_name(entry.name):
+        raise RepositoryError(
+            f"cannot serve {entry}: the folder name {entry.name[:100]!r} is not a valid "
+            f"model name ({MODEL_NAME_RULE}); rename the folder and the `name` in its "
+            "config.yaml"
+        )
+    try:
+        config = read_model_config(entry)
+        if config.name != entry.name:
+            raise SchemaError(f"config.yaml names {config.name!r} but sits in {entry.name}/")
+        version_dir = resolve_version(entry)
+        if factory is None:
+            first, *more = make_backends(config, version_dir)
+            model = serve(config, version_dir, first, metrics, more)
+        else:
+            model = factory(config, version_dir)
+    except (SchemaError, BackendError, OSError, ValueError) as err:
+        raise RepositoryError(f"cannot serve {entry}: {err}") from err
+    log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
+    return model

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from serving.kserve.shared_memory import SharedMemoryRegions
 from serving.metrics import MetricsServer, ServingMetrics
+from serving.model_control import LocalModelControl, ModelControl
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
@@ -106,11 +107,14 @@ async def create_server(
     repository: ModelRepository | None = None,
     metrics: ServingMetrics | None = None,
     reuse_port: bool = False,
+    control: ModelControl | None = None,
 ) -> RunningServer:
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
 
     ``repository`` and ``metrics`` default to loading ``config.repository`` here with fresh
-    metrics; ``reuse_port`` lets several frontend processes listen on the same port.
+    metrics; ``reuse_port`` lets several frontend processes listen on the same port;
+    ``control`` (a frontend's) defaults to loading models here where
+    ``config.model_control_mode`` is explicit.
 
     Raises:
         SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
@@ -122,10 +126,12 @@ async def create_server(
     metrics = metrics or ServingMetrics()
     repository = repository or ModelRepository.load(config.repository, metrics, config.models)
     await repository.start()
+    if control is None and config.model_control_mode == "explicit":
+        control = LocalModelControl(repository, config.grace_period_s)
     server = _grpc_server(config, tokens, reuse_port)
     state = ServerState()
     regions, own_folder = _shared_memory(config)
-    health = _add_services(server, repository, metrics, state, regions)
+    health = _add_services(server, repository, metrics, state, regions, control)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -198,13 +204,14 @@ def _add_services(
     metrics: ServingMetrics,
     state: ServerState,
     regions: SharedMemoryRegions | None,
+    control: ModelControl | None,
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state, regions), server
+        KServeServicer(repository, metrics, state, regions, control), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

@@ -44,6 +44,11 @@ class ServerConfig:
     # client that registers regions can make the server read and write any shared memory object
     # its user may open, so turn it on only for clients trusted like the server.
     system_shared_memory: bool = False
+    # Triton's model control: "explicit" serves RepositoryModelLoad / RepositoryModelUnload
+    # (load, reload and unload models while the server runs; serving.model_control); "none":
+    # the models loaded at start are served until the server stops, the two RPCs answer
+    # FAILED_PRECONDITION.
+    model_control_mode: str = "none"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -65,6 +70,10 @@ class ServerConfig:
             raise ValueError(f"frontend_shm_mb must be >= 0 (0: off), got {self.frontend_shm_mb}")
         if self.gc_gen0_threshold < 0:
             raise ValueError(f"gc_gen0_threshold must be >= 0, got {self.gc_gen0_threshold}")
+        if self.model_control_mode not in ("none", "explicit"):
+            raise ValueError(
+                f"model_control_mode must be none or explicit, got {self.model_control_mode!r}"
+            )
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
 

@@ -40,6 +40,7 @@ from serving.engine.requests import (
     joined_columns,
 )
 from serving.errors import Internal, InvalidArgument, ServingError
+from serving.gc_policy import release
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
@@ -60,11 +61,17 @@ HELLO_TIMEOUT_S = 10.0  # a connection that does not open with a frontend's hell
 
 class EngineServer:
     """Serves frontends' requests on ``repository``; each frontend connects to the Unix socket
-    at ``path`` (``bind`` opens it; requests are served on the running loop until ``close``)."""
+    at ``path`` (``bind`` opens it; requests are served on the running loop until ``close``).
+    ``grace``: seconds the running requests of a model that a load replaces, or an unload
+    stops, get to finish."""
 
-    def __init__(self, repository: ModelRepository, path: str) -> None:
+    def __init__(self, repository: ModelRepository, path: str, grace: float = 10.0) -> None:
         self.repository = repository
         self.path = path
+        self.grace = grace
+        self._changes = itertools.count(1)
+        self._applying: dict[int, _Change] = {}  # model changes the frontends are applying
+        self._controls: set[asyncio.Task[None]] = set()
         self._frontends: dict[int, MessageConnection] = {}
         self._sinks: dict[int, FrontendSink] = {}
         self._connections = itertools.count(1)
@@ -89,6 +96,8 @@ class EngineServer:
         """Cancel what still runs and close the socket and the connections."""
         for key in [*self._generations, *self._classifications]:
             self._cancel(key)
+        for task in self._controls:
+            task.cancel()
         if self._accepting is not None:
             self._accepting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -153,6 +162,8 @@ class EngineServer:
             arena.close()
         for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
             self._cancel(key)
+        for seq in list(self._applying):  # a model change waits for it no longer
+            self._applied(frontend, seq, None)
 
     def _dispatch(self, frontend: int, frames: Frames) -> None:
         sink = self._sinks.get(frontend)
@@ -174,8 +185,60 @@ class EngineServer:
             self._generate(key, header, _owned(arrays[0]))
         elif kind == "classify" and len(arrays) == 1:
             self._classify(key, header, _owned(arrays[0]))
+        elif kind in ("load", "unload"):
+            task = asyncio.create_task(self._control(key, kind, str(header["model"])))
+            self._controls.add(task)
+            task.add_done_callback(self._controls.discard)
+        elif kind == "applied":
+            self._applied(frontend, key[1], header.get("error"))
         else:
             log.error("unknown message %r from a frontend; dropped", kind)
+
+    # --- model control (serving.model_control) --------------------------------------------------
+    async def _control(self, key: Key, op: str, name: str) -> None:
+        """Load or unload ``name`` here and on every frontend; then answer the asking one."""
+        try:
+            async with self.repository.control:
+                if op == "load":
+                    stopping = await self.repository.load_model(name)
+                    errors = await self._tell_frontends(op, name)
+                else:  # the frontends stop sending requests for it first: those they sent
+                    self.repository.get(name)  # before reach it here (NotFound: not served)
+                    errors = await self._tell_frontends(op, name)
+                    stopping = self.repository.withdraw(name)
+                if stopping is not None:
+                    await stopping.stop(self.grace)
+                    del stopping
+                    release()
+            if errors:
+                raise Internal(f"{op} of {name!r}: frontend processes failed: {'; '.join(errors)}")
+        except Exception as err:
+            self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
+            return
+        self._post(key, [key[1], "done", None])
+
+    async def _tell_frontends(self, op: str, name: str) -> list[str]:
+        """Have every connected frontend apply the change; the errors they reported."""
+        seq = next(self._changes)
+        change = self._applying[seq] = _Change(set(self._frontends))
+        for frontend in list(self._frontends):
+            self._post((frontend, 0), [0, "model", {"op": op, "model": name, "seq": seq}])
+        self._applied(None, seq, None)  # no frontend at all: done now
+        await change.done.wait()
+        return change.errors
+
+    def _applied(self, frontend: int | None, seq: int, error: Any) -> None:
+        """``frontend`` has applied change ``seq`` (None: only check whether all have)."""
+        change = self._applying.get(seq)
+        if change is None:
+            return
+        if frontend in change.pending:
+            change.pending.discard(frontend)
+            if error:
+                change.errors.append(f"frontend {frontend}: {error}")
+        if not change.pending:
+            del self._applying[seq]
+            change.done.set()
 
     def _cancel(self, key: Key) -> None:
         request = self._generations.pop(key, None)
@@ -274,6 +337,16 @@ class EngineServer:
             connection, sink = self._frontends.get(frontend), self._sinks.get(frontend)
             if connection is not None and sink is not None:
                 connection.send(events_message(out.items, out.arrays, out.joined(), sink.read))
+
+
+class _Change:
+    """A model change told to the frontends: those that have not applied it yet, the errors
+    reported, and whether all have."""
+
+    def __init__(self, pending: set[int]) -> None:
+        self.pending = pending
+        self.errors: list[str] = []
+        self.done = asyncio.Event()
 
 
 class _Outgoing:

@@ -27,6 +27,7 @@ from pathlib import Path
 from contract.model_config import ClassifierConfig, ModelConfig
 from serving.gc_policy import settle
 from serving.metrics import ServingMetrics
+from serving.model_control import RemoteModelControl, frontend_changes
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
 from serving.multiprocess.shm import ARENA_MIN_BYTES
@@ -69,7 +70,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         raise SystemExit(1) from err
     await repository.start()
     settle(config.gc_freeze, config.gc_gen0_threshold)
-    server = EngineServer(repository, address)
+    server = EngineServer(repository, address, config.grace_period_s)
     await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
@@ -113,7 +114,9 @@ async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: 
             config.repository, metrics, config.models, factory=remote_models(client)
         )
         own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
-        running = await create_server(own, repository, metrics, reuse_port=True)
+        client.on_model_change = frontend_changes(repository)
+        control = RemoteModelControl(client) if config.model_control_mode == "explicit" else None
+        running = await create_server(own, repository, metrics, reuse_port=True, control=control)
         settle(config.gc_freeze, config.gc_gen0_threshold)
     except (RepositoryError, OSError, ValueError) as err:
         ready.send(("error", str(err)))

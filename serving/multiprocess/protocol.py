@@ -16,6 +16,11 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``classify``: ``{"t": "classify", "id", "model", "timeout", "priority", "arrays": [spec]}`` +
   the pixels (``priority``: the client's, which the engine's batcher resolves);
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
+- ``load`` / ``unload``: ``{"t": "load" | "unload", "id", "model"}``: model control
+  (``serving.model_control``); answered by a ``done`` or ``error`` item once every frontend has
+  applied it;
+- ``applied``: ``{"t": "applied", "id": seq, "error": message | None}``: this frontend has
+  applied the engine's model change ``seq`` (a ``model`` item).
 
 Engine -> frontend (each header has ``"ack"``: how many of this frontend's messages the engine
 has read, whose arrays in shared memory it has copied out):
@@ -24,9 +29,12 @@ has read, whose arrays in shared memory it has copied out):
   "arrays": [...]}`` + array frames: everything one engine loop turn has for that frontend, in
   one message. Item kinds: ``token`` ([token_id, index]), ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
-  classifier's probabilities). With ``tokens`` the last three arrays are int64 columns of equal
-  length, request ids, token ids and output indices: the decode steps' tokens for that
-  frontend's streams, which come before the items (a stream's finish after its last token).
+  classifier's probabilities), ``done`` (None: a load or unload succeeded), and, with id 0,
+  ``model`` (``{"op": "load" | "unload", "model", "seq"}``: a model change every frontend
+  applies to its own models, then reports as ``applied``). With ``tokens`` the last three
+  arrays are int64 columns of equal length, request ids, token ids and output indices: the
+  decode steps' tokens for that frontend's streams, which come before the items (a stream's
+  finish after its last token).
 
 Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
 """
@@ -45,6 +53,7 @@ from serving.engine.requests import ErrorEvent, Event, FinishEvent, TokenEvent
 from serving.errors import (
     Cancelled,
     DeadlineExceeded,
+    FailedPrecondition,
     Internal,
     InvalidArgument,
     NotFound,
@@ -62,6 +71,7 @@ ERRORS: dict[str, type[ServingError]] = {
     for cls in (
         InvalidArgument,
         NotFound,
+        FailedPrecondition,
         ResourceExhausted,
         OutOfRange,
         DeadlineExceeded,

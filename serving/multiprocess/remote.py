@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 ENGINE_CHECK_S = 0.2  # how often a frontend checks that the engine process lives
 ENGINE_GONE = "the engine process stopped; retry on another replica"
 Item = tuple[str, Any]  # (kind, payload) of one event from the engine
+# applies a model change of the engine process (op "load" | "unload", model name) to the
+# frontend's own models (serving.model_control)
+ModelChange = Callable[[str, str], Awaitable[None]]
 
 
 class EngineClient:
@@ -89,6 +92,7 @@ class EngineClient:
         self._outbox: list[list[bytes | memoryview]] = []  # this loop turn's, not yet written
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self.on_model_change: ModelChange | None = None
 
     async def start(self) -> None:
         """Connect to the engine process.
@@ -117,9 +121,10 @@ class EngineClient:
 
     async def close(self) -> None:
         self._closing = True
-        for task in self._tasks:
+        tasks = list(self._tasks)  # a finished model change takes itself off the list
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._connection is not None:
@@ -194,6 +199,9 @@ class EngineClient:
         if header.get("tokens"):
             self._route_tokens(arrays[-3:])
         for request_id, kind, payload in header.get("items", []):
+            if request_id == 0:  # not a request's: a model change
+                self._model_change(kind, payload)
+                continue
             waiter = self._waiting.get(request_id)
             if waiter is None:  # the caller went away; its cancel is on its way
                 continue
@@ -201,6 +209,25 @@ class EngineClient:
                 waiter.put(_event(kind, payload))
             elif not waiter.done():
                 waiter.set_result((kind, arrays[payload] if kind == "result" else payload))
+
+    def _model_change(self, kind: str, payload: Any) -> None:
+        if kind != "model" or not isinstance(payload, dict):
+            log.error("unknown message %r from the engine process; dropped", kind)
+            return
+        task = asyncio.ensure_future(self._apply(payload))
+        self._tasks.append(task)
+        task.add_done_callback(lambda done: self._tasks.remove(done))
+
+    async def _apply(self, change: dict[str, Any]) -> None:
+        """Apply the engine's model change here, then say so (with the error, if any)."""
+        error = None
+        try:
+            if self.on_model_change is not None:
+                await self.on_model_change(str(change["op"]), str(change["model"]))
+        except Exception as err:
+            log.exception("cannot apply the engine process's model change %r", change)
+            error = f"{type(err).__name__}: {err}"
+        self.send({"t": "applied", "id": change["seq"], "error": error})
 
     def _route_tokens(self, arrays: list[np.ndarray]) -> None:
         waiting = self._waiting

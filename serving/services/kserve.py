@@ -16,17 +16,19 @@ from typing import Any
 import grpc
 
 from serving.errors import InvalidArgument, NotFound
-from serving.kserve import shared_memory
+from serving.kserve import model_control, shared_memory
 from serving.kserve.execute import infer
-from serving.kserve.repository_index import repository_index
+from serving.kserve.repository_index import check_repository_name, repository_index
 from serving.kserve.request import prepare
 from serving.kserve.signature import platform, signature
 from serving.kserve.statistics import model_statistics
 from serving.kserve.stream import stream_responses
 from serving.kserve.triton_config import SERVER_NAME, model_config, model_ready, server_version
 from serving.metrics import ServingMetrics
+from serving.model_control import ModelControl
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
+from serving.repository import check_model_name
 from serving.served import ServedModel
 from serving.services.common import ServerState, Servicer, deadline_of, served_call, unary
 
@@ -35,8 +37,9 @@ _END = object()
 # "classification" outputs, request "parameters", ModelConfig ("model_configuration") and
 # ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
 # is listed), the request parameters "priority" and "timeout" ("schedule_policy"), and
-# "system_shared_memory" where it is on. Not listed: what it leaves out (model_repository,
-# cuda_shared_memory, trace, logging).
+# "system_shared_memory" where it is on, "model_repository" and
+# "model_repository(unload_dependents)" with model control. Not listed: what it leaves out
+# (cuda_shared_memory, trace, logging).
 EXTENSIONS = (
     "classification",
     "model_configuration",
@@ -45,6 +48,7 @@ EXTENSIONS = (
     "statistics",
 )
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
+MODEL_CONTROL_EXTENSIONS = ("model_repository", "model_repository(unload_dependents)")
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -58,7 +62,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
 
     Health and metadata answer while the server drains (Triton: live stays true and ready turns
     false while the server shuts down); inference is refused with UNAVAILABLE then.
-    ``regions``: the server's system shared memory regions (None: the extension is off).
+    ``regions``: the server's system shared memory regions (None: the extension is off);
+    ``control``: its model control (None: off, ``--model-control-mode none``).
     """
 
     def __init__(
@@ -67,10 +72,18 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         metrics: ServingMetrics,
         state: ServerState,
         regions: shared_memory.SharedMemoryRegions | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         super().__init__(repository, metrics, state)
         self.regions = regions
-        self.extensions = [*EXTENSIONS, *([SHARED_MEMORY_EXTENSION] if regions else [])]
+        self.control = control
+        self.extensions = sorted(
+            [
+                *EXTENSIONS,
+                *([SHARED_MEMORY_EXTENSION] if regions else []),
+                *(MODEL_CONTROL_EXTENSIONS if control else []),
+            ]
+        )
 
     def _model(self, name: str, version: str) -> ServedModel:
         if not name:
@@ -93,8 +106,9 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
 
     @unary("ServerReady", lambda r: "", refuse_when_draining=False)
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any):
+        # every served model ready (a server whose models were all unloaded is ready, as Triton's)
         models = self.repository.models()
-        ready = not self.state.draining and bool(models) and all(map(model_ready, models))
+        ready = not self.state.draining and all(map(model_ready, models))
         return pb.ServerReadyResponse(ready=ready)
 
     @unary("ModelReady", lambda r: r.name, refuse_when_draining=False)
@@ -147,6 +161,28 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary("RepositoryIndex", lambda r: "", refuse_when_draining=False)
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any):
         return repository_index(self.repository, request.repository_name, request.ready)
+
+    # --- model control --------------------------------------------------------------------------
+    def _control(self, repository_name: str, model_name: str) -> ModelControl:
+        if self.control is None:
+            raise model_control.off()
+        check_repository_name(self.repository, repository_name)
+        check_model_name(model_name)
+        return self.control
+
+    @unary("RepositoryModelLoad", lambda r: r.model_name)
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any):
+        control = self._control(request.repository_name, request.model_name)
+        model_control.check_load_parameters(request.parameters)
+        await control.load(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @unary("RepositoryModelUnload", lambda r: r.model_name)
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any):
+        control = self._control(request.repository_name, request.model_name)
+        model_control.check_unload_parameters(request.parameters)
+        await control.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
 
     # --- system shared memory -------------------------------------------------------------------
     def _regions(self) -> shared_memory.SharedMemoryRegions:

@@ -46,6 +46,15 @@ TRITON_METHODS = {
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse", False, False),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse", False, False),
     **{
+        f"RepositoryModel{rpc}": (
+            f"RepositoryModel{rpc}Request",
+            f"RepositoryModel{rpc}Response",
+            False,
+            False,
+        )
+        for rpc in ("Load", "Unload")
+    },
+    **{
         f"SystemSharedMemory{rpc}": (
             f"SystemSharedMemory{rpc}Request",
             f"SystemSharedMemory{rpc}Response",
@@ -163,6 +172,18 @@ RepositoryIndexResponse.ModelIndex name 1 string
 RepositoryIndexResponse.ModelIndex version 2 string
 RepositoryIndexResponse.ModelIndex state 3 string
 RepositoryIndexResponse.ModelIndex reason 4 string
+ModelRepositoryParameter bool_param 1 bool
+ModelRepositoryParameter int64_param 2 int64
+ModelRepositoryParameter string_param 3 string
+ModelRepositoryParameter bytes_param 4 bytes
+RepositoryModelLoadRequest repository_name 1 string
+RepositoryModelLoadRequest model_name 2 string
+RepositoryModelLoadRequest parameters 3 map<string, ModelRepositoryParameter>
+RepositoryModelLoadResponse
+RepositoryModelUnloadRequest repository_name 1 string
+RepositoryModelUnloadRequest model_name 2 string
+RepositoryModelUnloadRequest parameters 3 map<string, ModelRepositoryParameter>
+RepositoryModelUnloadResponse
 ModelVersionPolicy latest 1 ModelVersionPolicy.Latest
 ModelVersionPolicy all 2 ModelVersionPolicy.All
 ModelVersionPolicy specific 3 ModelVersionPolicy.Specific

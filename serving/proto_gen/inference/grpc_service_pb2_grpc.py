@@ -85,6 +85,16 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
                 response_deserializer=inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
+        self.RepositoryModelLoad = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelLoad',
+                request_serializer=inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+                _registered_method=True)
+        self.RepositoryModelUnload = channel.unary_unary(
+                '/inference.GRPCInferenceService/RepositoryModelUnload',
+                request_serializer=inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+                _registered_method=True)
         self.SystemSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
                 request_serializer=inference_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
@@ -171,7 +181,22 @@ class GRPCInferenceServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RepositoryIndex(self, request, context):
-        """The models of the repository: served ones and entries the server was told not to load.
+        """The models of the repository: served ones, and entries not served (with the reason).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelLoad(self, request, context):
+        """Load a model of the repository, or reload a served one (its config, graphs and latest
+        version read again); answers once the model serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RepositoryModelUnload(self, request, context):
+        """Stop serving a model; answers once its running requests have finished.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -250,6 +275,16 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.RepositoryIndex,
                     request_deserializer=inference_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
                     response_serializer=inference_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+            ),
+            'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelLoad,
+                    request_deserializer=inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
+            ),
+            'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
+                    servicer.RepositoryModelUnload,
+                    request_deserializer=inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
             'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryStatus,
@@ -538,6 +573,60 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/RepositoryIndex',
             inference_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
             inference_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelLoad',
+            inference_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RepositoryModelUnload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/RepositoryModelUnload',
+            inference_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from serving.kserve.tensors import encode_bytes
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
-from tests.reliability.fuzz.checker import Fuzz, budget, check_stream_response
+from tests.reliability.fuzz.checker import ALLOWED, Fuzz, budget, check_stream_response
 from tests.reliability.fuzz.strategies import IMAGE_POOL
 
 GOOD_MESSAGES = [
@@ -53,7 +53,12 @@ METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-strea
     ("/inference.GRPCInferenceService/SystemSharedMemoryUnregister", "uu"),
     ("/grpc.health.v1.Health/Check", "uu"),
     ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "ss"),
+    ("/inference.GRPCInferenceService/RepositoryModelLoad", "uu"),
+    ("/inference.GRPCInferenceService/RepositoryModelUnload", "uu"),
 ]
+
+CONTROL_METHODS = {m for m, _ in METHODS[-2:]}
+CONTROL_ALLOWED = ALLOWED | {grpc.StatusCode.FAILED_PRECONDITION}
 
 
 @st.composite
@@ -90,7 +95,9 @@ def test_fuzz_raw_bytes_to_every_method(fuzz: Fuzz) -> None:
         else:
             outcome = fuzz.call(lambda t: list(call(iter(messages), timeout=t)))
         code, details, result = outcome
-        fuzz.check("raw_bytes", code, details, what=(name, messages))
+        # model control is off on the fuzz server: its RPCs say how to turn it on
+        allowed = CONTROL_ALLOWED if name in CONTROL_METHODS else ALLOWED
+        fuzz.check("raw_bytes", code, details, allowed, what=(name, messages))
         if name.endswith("ModelStreamInfer") and code == grpc.StatusCode.OK:
             for raw in result:
                 check_stream_response(fuzz, kpb.ModelStreamInferResponse.FromString(raw))

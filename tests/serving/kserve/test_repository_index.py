@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-from serving.kserve.repository_index import NOT_LOADED
+from serving.repository import NOT_LOADED
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.serving.kserve.infer_requests import TIMEOUT

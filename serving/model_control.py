@@ -1,0 +1,106 @@
+"""Model control (Triton's ``--model-control-mode explicit``): load, reload and unload models
+while the server runs.
+
+- One process: ``LocalModelControl`` loads the entry here (graphs, engine or batcher) and swaps
+  it in once it runs; a reload's old version, and an unloaded model, then finish their running
+  requests (at most the grace period) before they stop, and their memory is released
+  (``serving.gc_policy.release``: a model of the frozen start-up heap is collected too).
+- Several processes: a frontend's ``RemoteModelControl`` asks the engine process, which does the
+  same with the graphs, tells every frontend to load the entry's config and tokenizer (or to drop
+  the model) and answers once all of them have (``serving.multiprocess.engine_server``), so a
+  client that got its answer finds the change on every frontend.
+
+Loads and unloads run one at a time (``ModelRepository.control``); inference never waits for
+them: a model keeps serving while its new version loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from serving.engine.requests import ErrorEvent
+from serving.errors import NotFound
+from serving.gc_policy import release
+from serving.multiprocess.protocol import event_from
+from serving.repository import ModelRepository
+
+MODES = ("none", "explicit")
+
+
+class ModelControl(Protocol):
+    async def load(self, name: str) -> None: ...
+
+    async def unload(self, name: str) -> None: ...
+
+
+class LocalModelControl:
+    """Model control of a one-process server (``grace``: seconds a stopped model's running
+    requests get)."""
+
+    def __init__(self, repository: ModelRepository, grace: float) -> None:
+        self.repository = repository
+        self.grace = grace
+
+    async def load(self, name: str) -> None:
+        """Load or reload ``name``; returns once it serves and the version it replaced has
+        stopped (see ``ModelRepository.load_model`` for the errors)."""
+        async with self.repository.control:
+            old = await self.repository.load_model(name)
+            if old is not None:
+                await old.stop(self.grace)
+                del old
+                release()
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``; returns once it has stopped (``ModelRepository.withdraw``)."""
+        async with self.repository.control:
+            model = self.repository.withdraw(name)
+            await model.stop(self.grace)
+            del model
+            release()
+
+
+class RemoteModelControl:
+    """Model control of a frontend process: the engine process does it (``client``: the
+    frontend's ``EngineClient``)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def load(self, name: str) -> None:
+        await self._ask("load", name)
+
+    async def unload(self, name: str) -> None:
+        await self._ask("unload", name)
+
+    async def _ask(self, op: str, name: str) -> None:
+        """Raises what the engine process answered (NotFound, FailedPrecondition, ...)."""
+        request_id, answer = self.client.open_call()
+        try:
+            self.client.send({"t": op, "id": request_id, "model": name})
+            kind, payload = await answer
+        finally:
+            self.client.forget(request_id)
+        if kind != "done":
+            event = event_from(kind, payload)
+            assert isinstance(event, ErrorEvent), event
+            raise event.error
+
+
+def frontend_changes(repository: ModelRepository) -> Callable[[str, str], Awaitable[None]]:
+    """How a frontend applies the engine process's model change (``op`` "load" | "unload",
+    the model's name) to its own models: the entry's config and tokenizer loaded (the graphs
+    stay in the engine process), or the model dropped."""
+
+    async def apply(op: str, name: str) -> None:
+        async with repository.control:
+            if op == "load":
+                await repository.load_model(name)
+            else:
+                with contextlib.suppress(NotFound):  # not served here: nothing to drop
+                    repository.withdraw(name)
+        release()
+
+    return apply
