@@ -24,6 +24,11 @@ calls and errors per kind, latency percentiles, throughput, RSS samples and grow
 tree's open file descriptors at the start and the end, and the shared memory regions left
 registered at the end (none: any is an error). Exit code 0
 when there were no errors and the growth is at most ``--max-growth`` (default 0.05).
+
+``--reload-every S`` starts the server with ``--model-control-mode explicit`` and reloads every
+served model in turn (KServe ``RepositoryModelLoad``) every S seconds while the traffic runs: a
+reload must not fail a call or change an answer, nor grow memory (``reloads`` in the report; a
+failed reload is an error of kind ``reload``; ``latency_ms.reload``: how long the reloads took).
 """
 
 from __future__ import annotations
@@ -291,8 +296,10 @@ async def drive(
     stop_at: float,
     seed: int = 0,
     kinds: tuple[str, ...] = KINDS,
+    reload_every: float = 0.0,
 ) -> None:
-    """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s)."""
+    """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s); with
+    ``reload_every``, the served models reloaded in turn that often meanwhile."""
     rng = np.random.default_rng(seed)
     weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
     probabilities = weights / weights.sum()
@@ -315,7 +322,29 @@ async def drive(
                 tally.calls[kind] += 1
                 tally.latency[kind].append(time.perf_counter() - started)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        reloads = [reload_models(channel, tally, reload_every, stop_at)] if reload_every else []
+        await asyncio.gather(*(worker() for _ in range(concurrency)), *reloads)
+
+
+async def reload_models(
+    channel: grpc.aio.Channel, tally: Tally, every: float, stop_at: float
+) -> None:
+    """Reload the served models in turn every ``every`` seconds until ``stop_at``."""
+    stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+    index = await stub.RepositoryIndex(kpb.RepositoryIndexRequest(ready=True), timeout=60)
+    names = [model.name for model in index.models]
+    turn = 0
+    while time.monotonic() + every < stop_at:
+        await asyncio.sleep(every)
+        name = names[turn % len(names)]
+        started = time.perf_counter()
+        try:
+            await stub.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=name))
+        except grpc.aio.AioRpcError as err:
+            tally.error("reload", f"{name}: {err.code().name}: {err.details()}")
+        tally.calls["reload"] += 1
+        tally.latency["reload"].append(time.perf_counter() - started)
+        turn += 1
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -400,6 +429,7 @@ def soak(
     address: str | None = None,
     pid: int | None = None,
     frontend_workers: int = 1,
+    reload_every: float = 0.0,
 ) -> dict[str, Any]:
     """Run the soak; the report (see the module docstring).
 
@@ -414,6 +444,8 @@ def soak(
         max_growth: the largest RSS growth that passes.
         address, pid: drive an already running server instead (its process id for RSS).
         frontend_workers: the server's ``--frontend-workers`` (RSS sums all its processes).
+        reload_every: seconds between two model reloads (0: none; the server runs with model
+            control on).
     """
     if warmup >= duration:
         raise ValueError(f"warmup ({warmup} s) must be shorter than duration ({duration} s)")
@@ -424,6 +456,7 @@ def soak(
         flags: tuple[str, ...] = ("--metrics-port", "-1")
         flags += ("--frontend-workers", str(frontend_workers))
         flags += ("--system-shared-memory",) * SHM.is_dir()
+        flags += ("--model-control-mode", "explicit") * bool(reload_every)
         server = ServeProcess(repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
@@ -437,7 +470,17 @@ def soak(
     sampler = RssSampler(pid, interval, started).start()
     exit_code = None
     try:
-        asyncio.run(drive(address, inputs, tally, concurrency, started + duration, kinds=kinds))
+        asyncio.run(
+            drive(
+                address,
+                inputs,
+                tally,
+                concurrency,
+                started + duration,
+                kinds=kinds,
+                reload_every=reload_every,
+            )
+        )
         fds["end"] = open_fds(pid)
         if shm and (left := asyncio.run(_regions_left(address))):
             tally.error("kserve_vit_shm", f"{left} shared memory regions left registered")
@@ -457,8 +500,9 @@ def soak(
         distinct_texts=len(inputs.texts),
         exit_code=exit_code,
     )
+    reloads = {"reload_every_s": reload_every, "reloads": tally.calls.pop("reload", 0)}
     report = soak_report(run, tally, sampler.samples, sampler.by_process)
-    return {**report, "open_fds": fds, "kinds": list(kinds)}
+    return {**report, "open_fds": fds, "kinds": list(kinds), **reloads}
 
 
 def open_fds(pid: int) -> int:
@@ -582,6 +626,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--frontend-workers", type=int, default=1, help="the server's gRPC frontend processes"
     )
+    parser.add_argument(
+        "--reload-every",
+        type=float,
+        default=0.0,
+        help="reload the served models in turn this often (s; model control on; default 0: no)",
+    )
     args = parser.parse_args(argv)
     if args.address is None and args.repository == Path("model_repository"):
         from serving.cli import ensure_shipped_repository
@@ -600,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
         address=args.address,
         pid=args.pid,
         frontend_workers=args.frontend_workers,
+        reload_every=args.reload_every,
     )
     text = json.dumps(report, indent=2)
     print(text)

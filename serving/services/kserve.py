@@ -1,5 +1,5 @@
 """The KServe v2 servicer (``inference.GRPCInferenceService``): health, metadata, statistics,
-the repository index, inference.
+the repository index, model control, system shared memory, inference.
 
 The protocol's pieces live in ``serving.kserve`` (tensor contract in its docstring); this module
 only maps RPCs onto them inside the shared RPC envelope (``serving.services.common``).

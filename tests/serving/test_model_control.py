@@ -138,9 +138,17 @@ def test_a_left_out_model_loads_serves_and_unloads(stub: Stub, server: ServerThr
     assert decode_outputs(stub.ModelInfer(vit_request(), timeout=TIMEOUT))["probabilities"].shape
     code, _ = refused(unload, stub, "translator")
     assert code == grpc.StatusCode.NOT_FOUND
+    # with every model unloaded the server stays ready (as Triton's), and loads them again
+    unload(stub, "vit")
+    assert stub.ServerReady(pb.ServerReadyRequest(), timeout=TIMEOUT).ready
+    assert {state for _, state, _ in index(stub).values()} == {"UNAVAILABLE"}
+    load(stub, "vit")
+    assert decode_outputs(stub.ModelInfer(vit_request(), timeout=TIMEOUT))["probabilities"].shape
 
 
-def test_a_reload_reads_the_changed_entry(stub: Stub, repository: Path) -> None:
+def test_a_reload_reads_the_changed_entry(
+    stub: Stub, repository: Path, server: ServerThread
+) -> None:
     def vit_config() -> tuple[list[str], int]:
         meta = stub.ModelMetadata(pb.ModelMetadataRequest(name="vit"), timeout=TIMEOUT)
         config = stub.ModelConfig(pb.ModelConfigRequest(name="vit"), timeout=TIMEOUT).config
@@ -154,7 +162,15 @@ def test_a_reload_reads_the_changed_entry(stub: Stub, repository: Path) -> None:
     config.unlink()  # the copy's files are links to the session's repository: replace, not edit
     config.write_text(text.replace(f"max_batch_size: {batch}", f"max_batch_size: {batch // 2}"))
     shutil.copytree(repository / "vit" / "1", repository / "vit" / "2")
-    load(stub, "vit")
+    assert server.running is not None
+    replaced = weakref.ref(server.running.repository.get("vit"))
+    gc.collect()
+    gc.freeze()  # as `attnserve serve` freezes its start-up heap, the model in it
+    try:
+        load(stub, "vit")
+        assert replaced() is None  # the classifier's cycle collected though it was frozen
+    finally:
+        gc.unfreeze()
     assert vit_config() == (["2"], batch // 2)
     assert index(stub)["vit"] == ("2", "READY", "")
     assert decode_outputs(stub.ModelInfer(vit_request(), timeout=TIMEOUT))["probabilities"].shape
