@@ -28,7 +28,8 @@ when there were no errors and the growth is at most ``--max-growth`` (default 0.
 ``--reload-every S`` starts the server with ``--model-control-mode explicit`` and reloads every
 served model in turn (KServe ``RepositoryModelLoad``) every S seconds while the traffic runs: a
 reload must not fail a call or change an answer, nor grow memory (``reloads`` in the report; a
-failed reload is an error of kind ``reload``; ``latency_ms.reload``: how long the reloads took).
+failed reload is an error of kind ``reload``; ``latency_ms.reload``: how long the reloads took;
+``rss_after_reload_mb``: the server tree's RSS as each reload returned).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class Tally:
     error_samples: list[str] = field(default_factory=list)
     latency: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     answers: dict[Any, Any] = field(default_factory=dict)
+    rss_after_reload: list[int] = field(default_factory=list)  # bytes, the server tree's
 
     def error(self, kind: str, message: str) -> None:
         self.errors[kind] += 1
@@ -297,9 +299,11 @@ async def drive(
     seed: int = 0,
     kinds: tuple[str, ...] = KINDS,
     reload_every: float = 0.0,
+    pid: int | None = None,
 ) -> None:
     """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s); with
-    ``reload_every``, the served models reloaded in turn that often meanwhile."""
+    ``reload_every``, the served models reloaded in turn that often meanwhile (and the server
+    tree's RSS after each, where ``pid`` is given)."""
     rng = np.random.default_rng(seed)
     weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
     probabilities = weights / weights.sum()
@@ -322,14 +326,17 @@ async def drive(
                 tally.calls[kind] += 1
                 tally.latency[kind].append(time.perf_counter() - started)
 
-        reloads = [reload_models(channel, tally, reload_every, stop_at)] if reload_every else []
+        reloads = (
+            [reload_models(channel, tally, reload_every, stop_at, pid)] if reload_every else []
+        )
         await asyncio.gather(*(worker() for _ in range(concurrency)), *reloads)
 
 
 async def reload_models(
-    channel: grpc.aio.Channel, tally: Tally, every: float, stop_at: float
+    channel: grpc.aio.Channel, tally: Tally, every: float, stop_at: float, pid: int | None
 ) -> None:
-    """Reload the served models in turn every ``every`` seconds until ``stop_at``."""
+    """Reload the served models in turn every ``every`` seconds until ``stop_at``; the RSS of
+    ``pid``'s tree after each reload goes into ``tally.rss_after_reload``."""
     stub = kpb_grpc.GRPCInferenceServiceStub(channel)
     index = await stub.RepositoryIndex(kpb.RepositoryIndexRequest(ready=True), timeout=60)
     names = [model.name for model in index.models]
@@ -344,6 +351,8 @@ async def reload_models(
             tally.error("reload", f"{name}: {err.code().name}: {err.details()}")
         tally.calls["reload"] += 1
         tally.latency["reload"].append(time.perf_counter() - started)
+        if pid is not None:
+            tally.rss_after_reload.append(rss_bytes(pid))
         turn += 1
 
 
@@ -479,6 +488,7 @@ def soak(
                 started + duration,
                 kinds=kinds,
                 reload_every=reload_every,
+                pid=pid,
             )
         )
         fds["end"] = open_fds(pid)
@@ -500,7 +510,12 @@ def soak(
         distinct_texts=len(inputs.texts),
         exit_code=exit_code,
     )
-    reloads = {"reload_every_s": reload_every, "reloads": tally.calls.pop("reload", 0)}
+    reloads = {
+        "reload_every_s": reload_every,
+        "reloads": tally.calls.pop("reload", 0),
+        # the tree's RSS once each reload has returned (its old version stopped and released)
+        "rss_after_reload_mb": [round(rss / 2**20, 1) for rss in tally.rss_after_reload],
+    }
     report = soak_report(run, tally, sampler.samples, sampler.by_process)
     return {**report, "open_fds": fds, "kinds": list(kinds), **reloads}
 

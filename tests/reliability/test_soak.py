@@ -60,6 +60,7 @@ def test_short_soak(
     assert report["calls"] >= 10 * seconds  # it really drove traffic
     if workers > 1:  # models reloaded meanwhile
         assert report["reloads"] >= seconds // RELOAD_EVERY / 2, report["reloads"]
+        assert len(report["rss_after_reload_mb"]) == report["reloads"]
     # one process, or the supervisor + the engine process + each frontend (+ the resource
     # tracker multiprocessing's spawn starts)
     names = sorted(process["name"] for process in report["rss_by_process"])

@@ -12,9 +12,9 @@ from typing import Any
 import grpc
 import pytest
 
-from serving.repository import NOT_LOADED
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
+from serving.repository import NOT_LOADED
 from tests.serving.kserve.infer_requests import TIMEOUT
 from tests.serving.server_thread import ServerThread
 
