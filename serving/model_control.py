@@ -16,8 +16,10 @@ them: a model keeps serving while its new version loads.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from serving.engine.requests import ErrorEvent
@@ -26,7 +28,7 @@ from serving.gc_policy import release
 from serving.multiprocess.protocol import event_from
 from serving.repository import ModelRepository
 
-MODES = ("none", "explicit")
+log = logging.getLogger(__name__)
 
 
 class ModelControl(Protocol):
@@ -37,7 +39,12 @@ class ModelControl(Protocol):
 
 class LocalModelControl:
     """Model control of a one-process server (``grace``: seconds a stopped model's running
-    requests get)."""
+    requests get).
+
+    A change runs to its end even when the client that asked for it goes away (its call's
+    deadline, a cancel), as in the engine process: stopping halfway would leave a replaced
+    model running.
+    """
 
     def __init__(self, repository: ModelRepository, grace: float) -> None:
         self.repository = repository
@@ -46,6 +53,13 @@ class LocalModelControl:
     async def load(self, name: str) -> None:
         """Load or reload ``name``; returns once it serves and the version it replaced has
         stopped (see ``ModelRepository.load_model`` for the errors)."""
+        await _to_the_end(self._load(name))
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``; returns once it has stopped (``ModelRepository.withdraw``)."""
+        await _to_the_end(self._unload(name))
+
+    async def _load(self, name: str) -> None:
         async with self.repository.control:
             old = await self.repository.load_model(name)
             if old is not None:
@@ -53,13 +67,25 @@ class LocalModelControl:
                 del old
                 release()
 
-    async def unload(self, name: str) -> None:
-        """Stop serving ``name``; returns once it has stopped (``ModelRepository.withdraw``)."""
+    async def _unload(self, name: str) -> None:
         async with self.repository.control:
             model = self.repository.withdraw(name)
             await model.stop(self.grace)
             del model
             release()
+
+
+async def _to_the_end(change: Coroutine[Any, Any, None]) -> None:
+    """Run ``change`` in a task of its own that the caller's cancellation does not stop (its
+    outcome is then only logged)."""
+    task = asyncio.ensure_future(change)
+    task.add_done_callback(_log_failure)
+    await asyncio.shield(task)
+
+
+def _log_failure(task: asyncio.Future[None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.info("model control: %s", error)
 
 
 class RemoteModelControl:

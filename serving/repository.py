@@ -256,7 +256,7 @@ class ModelRepository:
             raise self._failed(name, err) from err
         try:
             await model.start()
-        except BackendError as err:
+        except Exception as err:  # e.g. a classifier's warm-up call failing
             await model.stop(0)
             raise self._failed(name, RepositoryError(f"cannot start {entry}: {err}")) from err
         old = self._models.get(name)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import shutil
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -194,6 +195,21 @@ def test_a_reload_lets_running_streams_finish(stub: Stub, server: ServerThread) 
     channel.close()
     assert translate(stub)  # served by the new version
     assert engine_threads("translator") == 1
+
+
+def test_a_reload_whose_caller_gives_up_runs_to_its_end(stub: Stub, server: ServerThread) -> None:
+    load(stub, "translator")
+    assert server.running is not None
+    repository = server.running.repository
+    before = weakref.ref(repository.get("translator"))
+    request = pb.RepositoryModelLoadRequest(model_name="translator")
+    code, _ = refused(stub.RepositoryModelLoad, request, timeout=0.05)
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + TIMEOUT
+    while repository.get("translator") is before() or engine_threads("translator") != 1:
+        assert time.monotonic() < deadline, "the reload stopped halfway"
+        time.sleep(0.05)
+    assert translate(stub)  # the new version serves, the old one stopped
 
 
 def test_broken_entries_and_bad_requests(stub: Stub, repository: Path) -> None:
