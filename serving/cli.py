@@ -1,4 +1,5 @@
-"""`attnserve serve`, `translate`, `caption`, `classify`, `stats`. No torch is imported here."""
+"""`attnserve serve`, `translate`, `caption`, `classify`, `stats`, `models`. No torch is imported
+here."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def add_parsers(subparsers: Any) -> None:
         ("caption", "caption an image with a running server"),
         ("classify", "classify an image with a running server"),
         ("stats", "a running server's statistics per model (KServe ModelStatistics)"),
+        ("models", "a running server's models: list, load, reload or unload them"),
     ):
         _add_client_parser(subparsers, name, helptext)
 
@@ -130,7 +132,8 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
     command = subparsers.add_parser(name, help=helptext)
     command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
     default_model = "every model" if name == "stats" else "the task's"
-    command.add_argument("--model", default="", help=f"model name (default: {default_model})")
+    if name != "models":  # which names the model as an argument
+        command.add_argument("--model", default="", help=f"model name (default: {default_model})")
     command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     command.add_argument("--tls-ca", type=Path, help="PEM root certificate to trust (TLS)")
     command.add_argument(
@@ -143,7 +146,17 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         default=os.environ.get(CLIENT_TOKEN_ENV),
         help=f"bearer token (better: env {CLIENT_TOKEN_ENV}; flags show in `ps`)",
     )
-    if name == "stats":
+    if name == "models":
+        command.add_argument(
+            "action",
+            nargs="?",
+            choices=("list", "load", "unload"),
+            default="list",
+            help="list (default): the repository's models and their states; load (or reload), "
+            "unload: NAME (the server runs with --model-control-mode explicit)",
+        )
+        command.add_argument("name", nargs="?", default="", help="the model to load or unload")
+    if name in ("stats", "models"):
         command.add_argument("--json", action="store_true", help="one JSON object per model")
         command.set_defaults(handler=run_client)
         return
@@ -255,7 +268,10 @@ def run_client(args: argparse.Namespace) -> int:
         key: getattr(args, key, None)
         for key in ("max_new_tokens", "beam_size", "temperature", "top_k", "top_p", "seed")
     }
-    routing: dict[str, Any] = {"model": args.model, "priority": getattr(args, "priority", 0)}
+    routing: dict[str, Any] = {
+        "model": getattr(args, "model", ""),
+        "priority": getattr(args, "priority", 0),
+    }
     client = AttnServeClient(
         args.server,
         timeout=args.timeout,
@@ -267,6 +283,8 @@ def run_client(args: argparse.Namespace) -> int:
     )
     with client:
         try:
+            if args.command == "models":
+                return _models(client, args)
             if args.command == "stats":
                 now = time.time()
                 rows = [statistics_row(s, now) for s in client.statistics(args.model)]
@@ -302,6 +320,32 @@ def run_client(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 2 if err.code.name in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
+
+
+def _models(client: Any, args: argparse.Namespace) -> int:
+    """`attnserve models`: list the repository index, or load / unload a model."""
+    from serving.stats_table import render
+
+    if args.action == "list":
+        rows = [
+            {"model": m.name, "version": m.version, "state": m.state, "reason": m.reason}
+            for m in client.repository_index()
+        ]
+        print("\n".join(render(rows, args.json, ("model", "version", "state", "reason"))))
+        return 0
+    if not args.name:
+        print(
+            f"attnserve models {args.action}: name the model (attnserve models {args.action} NAME)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.action == "load":
+        client.load_model(args.name)
+        print(f"loaded {args.name}")
+    else:
+        client.unload_model(args.name)
+        print(f"unloaded {args.name}")
+    return 0
 
 
 def _print_stream(deltas: Any) -> None:

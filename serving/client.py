@@ -249,6 +249,22 @@ class AttnServeClient:
         request = kpb.ModelStatisticsRequest(name=model)
         return list(self._call(stub.ModelStatistics, request, None).model_stats)
 
+    def repository_index(self) -> list[Any]:
+        """KServe RepositoryIndex: every entry of the server's repository and its state."""
+        stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
+        return list(self._call(stub.RepositoryIndex, kpb.RepositoryIndexRequest(), None).models)
+
+    def load_model(self, name: str) -> None:
+        """KServe RepositoryModelLoad: load or reload ``name`` (model control on the server)."""
+        stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
+        self._call(stub.RepositoryModelLoad, kpb.RepositoryModelLoadRequest(model_name=name), None)
+
+    def unload_model(self, name: str) -> None:
+        """KServe RepositoryModelUnload: stop serving ``name`` (model control on the server)."""
+        stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
+        request = kpb.RepositoryModelUnloadRequest(model_name=name)
+        self._call(stub.RepositoryModelUnload, request, None)
+
     def health(self, service: str = "") -> str:
         """grpc.health.v1 status name: SERVING, NOT_SERVING, ..."""
         stub = health_pb2_grpc.HealthStub(self.channel)

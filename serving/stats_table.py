@@ -1,4 +1,5 @@
-"""`attnserve stats`: a server's KServe ModelStatistics as a table, or one JSON line a model.
+"""`attnserve stats`: a server's KServe ModelStatistics as a table, or one JSON line a model
+(``render`` also draws `attnserve models`' repository index).
 
 Means per request between the server's start and now: the latency of its successes, the queue
 wait, the compute time (each over its own count), and inferences per model execution.
@@ -45,14 +46,16 @@ def statistics_row(stats: Any, now_s: float) -> dict[str, Any]:
     }
 
 
-def render(rows: list[dict[str, Any]], as_json: bool) -> list[str]:
+def render(
+    rows: list[dict[str, Any]], as_json: bool, columns: tuple[str, ...] = COLUMNS
+) -> list[str]:
     """The lines to print: an aligned table with a header, or one JSON object per model."""
     if as_json:
         return [json.dumps(row) for row in rows]
-    cells = [list(COLUMNS)] + [
-        ["-" if row[c] is None else str(row[c]) for c in COLUMNS] for row in rows
+    cells = [list(columns)] + [
+        ["-" if row[c] in (None, "") else str(row[c]) for c in columns] for row in rows
     ]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
     return [
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in cells

@@ -12,6 +12,7 @@ a change made through one connection holds on every frontend once the call retur
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import attnserve_cli
 from benchmarks.server_process import ServeProcess
 from serving.errors import InvalidArgument
 from serving.kserve.model_control import check_load_parameters, check_unload_parameters
@@ -371,3 +373,31 @@ def test_the_mode_is_checked() -> None:
 
     with pytest.raises(ValueError, match="model_control_mode must be none or explicit"):
         ServerConfig(model_control_mode="poll")
+
+
+def test_the_models_command(
+    server: ServerThread, stub: Stub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def models(*args: str) -> int:
+        return attnserve_cli.main(["models", *args, "--server", server.address])
+
+    assert models() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["model", "version", "state", "reason"]
+    assert lines[3].split()[:2] == ["vit", "1"] and lines[3].split()[2] == "READY"
+    assert lines[2].split()[:3] == ["translator", "-", "UNAVAILABLE"]
+
+    assert models("load", "translator") == 0
+    assert capsys.readouterr().out == "loaded translator\n"
+    assert translate(stub)
+    assert models("list", "--json") == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows[1] == {"model": "translator", "version": "1", "state": "READY", "reason": ""}
+    assert models("unload", "translator") == 0
+    assert capsys.readouterr().out == "unloaded translator\n"
+    assert index(stub)["translator"] == ("", "UNAVAILABLE", UNLOADED)
+
+    assert models("unload", "translator") == 2  # not served: NOT_FOUND, a usage error
+    assert "is not served (unloaded" in capsys.readouterr().err
+    assert models("load") == 2
+    assert "name the model" in capsys.readouterr().err
