@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from serving.engine.requests import ErrorEvent
-from serving.errors import NotFound
+from serving.errors import Internal, NotFound
 from serving.gc_policy import release
 from serving.multiprocess.protocol import event_from
 from serving.repository import ModelRepository
@@ -37,18 +37,30 @@ class ModelControl(Protocol):
     async def unload(self, name: str) -> None: ...
 
 
+# tells the other processes of a change (op "load" | "unload", the model's name) and waits
+# until they have applied it; the errors they reported
+Announce = Callable[[str, str], Awaitable[list[str]]]
+
+
+async def _nobody(op: str, name: str) -> list[str]:
+    return []
+
+
 class LocalModelControl:
-    """Model control of a one-process server (``grace``: seconds a stopped model's running
-    requests get).
+    """Model control where the graphs are (``grace``: seconds a stopped model's running
+    requests get): a one-process server's, and the engine process's, whose ``announce`` has
+    every frontend apply the change before a replaced or unloaded model stops.
 
     A change runs to its end even when the client that asked for it goes away (its call's
-    deadline, a cancel), as in the engine process: stopping halfway would leave a replaced
-    model running.
+    deadline, a cancel): stopping halfway would leave a replaced model running.
     """
 
-    def __init__(self, repository: ModelRepository, grace: float) -> None:
+    def __init__(
+        self, repository: ModelRepository, grace: float, announce: Announce = _nobody
+    ) -> None:
         self.repository = repository
         self.grace = grace
+        self.announce = announce
 
     async def load(self, name: str) -> None:
         """Load or reload ``name``; returns once it serves and the version it replaced has
@@ -62,17 +74,29 @@ class LocalModelControl:
     async def _load(self, name: str) -> None:
         async with self.repository.control:
             old = await self.repository.load_model(name)
+            errors = await self.announce("load", name)
             if old is not None:
                 await old.stop(self.grace)
                 del old
                 release()
+        _raise_for(errors, "load", name)
 
     async def _unload(self, name: str) -> None:
         async with self.repository.control:
+            self.repository.get(name)  # NotFound where it is not served
+            # the other processes stop sending requests for it first: those they sent before
+            # reach it here
+            errors = await self.announce("unload", name)
             model = self.repository.withdraw(name)
             await model.stop(self.grace)
             del model
             release()
+        _raise_for(errors, "unload", name)
+
+
+def _raise_for(errors: list[str], op: str, name: str) -> None:
+    if errors:
+        raise Internal(f"{op} of {name!r}: frontend processes failed: {'; '.join(errors)}")
 
 
 async def _to_the_end(change: Coroutine[Any, Any, None]) -> None:

@@ -40,7 +40,7 @@ from serving.engine.requests import (
     joined_columns,
 )
 from serving.errors import Internal, InvalidArgument, ServingError
-from serving.gc_policy import release
+from serving.model_control import LocalModelControl
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
@@ -68,7 +68,7 @@ class EngineServer:
     def __init__(self, repository: ModelRepository, path: str, grace: float = 10.0) -> None:
         self.repository = repository
         self.path = path
-        self.grace = grace
+        self.control = LocalModelControl(repository, grace, announce=self._tell_frontends)
         self._changes = itertools.count(1)
         self._applying: dict[int, _Change] = {}  # model changes the frontends are applying
         self._controls: set[asyncio.Task[None]] = set()
@@ -198,20 +198,7 @@ class EngineServer:
     async def _control(self, key: Key, op: str, name: str) -> None:
         """Load or unload ``name`` here and on every frontend; then answer the asking one."""
         try:
-            async with self.repository.control:
-                if op == "load":
-                    stopping = await self.repository.load_model(name)
-                    errors = await self._tell_frontends(op, name)
-                else:  # the frontends stop sending requests for it first: those they sent
-                    self.repository.get(name)  # before reach it here (NotFound: not served)
-                    errors = await self._tell_frontends(op, name)
-                    stopping = self.repository.withdraw(name)
-                if stopping is not None:
-                    await stopping.stop(self.grace)
-                    del stopping
-                    release()
-            if errors:
-                raise Internal(f"{op} of {name!r}: frontend processes failed: {'; '.join(errors)}")
+            await (self.control.load if op == "load" else self.control.unload)(name)
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
             return
