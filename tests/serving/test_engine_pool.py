@@ -108,6 +108,14 @@ def test_instances_divide_the_cores_and_keep_their_limits(
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def slowed(run: Any) -> Any:
+    def slow(*args: Any) -> Any:
+        time.sleep(0.02)
+        return run(*args)
+
+    return slow
+
+
 def test_the_model_gauges_add_up_over_the_instances(
     servers: tuple[ServerThread, ServerThread], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,14 +125,8 @@ def test_the_model_gauges_add_up_over_the_instances(
     # step is slowed: with 4 or more rows an instance takes the greedy pass, not ``step``.
     for engine in pool.engines:
         for name in ("step", "step_greedy", "start_greedy", "step_block"):
-            if not hasattr(engine.cache, name):
-                continue
-
-            def slow(*args: Any, run: Any = getattr(engine.cache, name)) -> Any:
-                time.sleep(0.02)
-                return run(*args)
-
-            monkeypatch.setattr(engine.cache, name, slow)
+            if hasattr(engine.cache, name):
+                monkeypatch.setattr(engine.cache, name, slowed(getattr(engine.cache, name)))
     long = pb.DecodingOptions(max_new_tokens=32, min_new_tokens=32)
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.AttnServeStub(channel)
