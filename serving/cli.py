@@ -1,10 +1,11 @@
-"""`attnserve serve`, `translate`, `caption`, `classify`, `stats`, `models`. No torch is imported
-here."""
+"""`attnserve serve`, `translate`, `caption`, `classify`, `stats`, `models`, `trace`,
+`trace-summary`. No torch is imported here."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -32,8 +33,16 @@ def add_parsers(subparsers: Any) -> None:
         ("classify", "classify an image with a running server"),
         ("stats", "a running server's statistics per model (KServe ModelStatistics)"),
         ("models", "a running server's models: list, load, reload or unload them"),
+        ("trace", "a running server's request trace settings: read or change them"),
     ):
         _add_client_parser(subparsers, name, helptext)
+    summary = subparsers.add_parser(
+        "trace-summary",
+        help="where traced requests spent their time, per model (trace files in Triton's format)",
+    )
+    summary.add_argument("files", nargs="+", type=Path, help="trace files (serve --trace-file)")
+    summary.add_argument("--json", action="store_true", help="one JSON object per model")
+    summary.set_defaults(handler=run_trace_summary)
 
 
 def _add_serve_parser(subparsers: Any) -> None:
@@ -107,6 +116,26 @@ def _add_serve_parser(subparsers: Any) -> None:
         "RepositoryModelLoad / RepositoryModelUnload, tritonclient's load_model / unload_model); "
         "default none",
     )
+    trace = serve.add_argument_group(
+        "request traces in Triton's format (README: KServe v2 / request traces); the KServe "
+        "TraceSetting RPC changes them while the server runs"
+    )
+    trace.add_argument(
+        "--trace-level",
+        choices=("OFF", "TIMESTAMPS"),
+        type=str.upper,
+        help="TIMESTAMPS: trace sampled requests (default OFF)",
+    )
+    trace.add_argument(
+        "--trace-rate", type=int, help=f"trace one request in N (default {DEFAULTS.trace_rate})"
+    )
+    trace.add_argument("--trace-count", type=int, help="traces to take at most (default -1: all)")
+    trace.add_argument("--trace-file", help="the JSON file the traces go to")
+    trace.add_argument(
+        "--trace-log-frequency",
+        type=int,
+        help="write <trace-file>.<n> every N traces (default 0: <trace-file> at the end)",
+    )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")
     security.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -131,7 +160,9 @@ def _priority(text: str) -> int:
 def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
     command = subparsers.add_parser(name, help=helptext)
     command.add_argument("--server", default=DEFAULT_SERVER, help=f"default {DEFAULT_SERVER}")
-    default_model = "every model" if name == "stats" else "the task's"
+    default_model = {"stats": "every model", "trace": "the server's settings"}.get(
+        name, "the task's"
+    )
     if name != "models":  # which names the model as an argument
         command.add_argument("--model", default="", help=f"model name (default: {default_model})")
     command.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
@@ -156,7 +187,15 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             "unload: NAME (the server runs with --model-control-mode explicit)",
         )
         command.add_argument("name", nargs="?", default="", help="the model to load or unload")
-    if name in ("stats", "models"):
+    if name == "trace":
+        command.add_argument(
+            "settings",
+            nargs="*",
+            metavar="NAME=VALUE",
+            help="settings to change: trace_level=TIMESTAMPS|OFF, trace_rate=N, trace_count=N, "
+            "log_frequency=N; NAME= clears a model's own (--model); none: print them",
+        )
+    if name in ("stats", "models", "trace"):
         command.add_argument("--json", action="store_true", help="one JSON object per model")
         command.set_defaults(handler=run_client)
         return
@@ -285,6 +324,8 @@ def run_client(args: argparse.Namespace) -> int:
         try:
             if args.command == "models":
                 return _models(client, args)
+            if args.command == "trace":
+                return _trace(client, args)
             if args.command == "stats":
                 now = time.time()
                 rows = [statistics_row(s, now) for s in client.statistics(args.model)]
@@ -345,6 +386,45 @@ def _models(client: Any, args: argparse.Namespace) -> int:
     else:
         client.unload_model(args.name)
         print(f"unloaded {args.name}")
+    return 0
+
+
+def _trace(client: Any, args: argparse.Namespace) -> int:
+    """`attnserve trace`: print the trace settings, after changing the ones given."""
+    changes: dict[str, list[str]] = {}
+    for assignment in args.settings:
+        name, equals, value = assignment.partition("=")
+        if not equals or not name:
+            print(f"attnserve trace: {assignment!r} is not NAME=VALUE", file=sys.stderr)
+            return 2
+        changes[name] = [value] if value else []
+    settings = client.trace_settings(args.model, changes)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    name: values[0] if len(values) == 1 else values
+                    for name, values in settings.items()
+                }
+            )
+        )
+    else:
+        for name, values in settings.items():
+            print(f"{name}\t{','.join(values)}")
+    return 0
+
+
+def run_trace_summary(args: argparse.Namespace) -> int:
+    """`attnserve trace-summary`: per model, the traced requests' times."""
+    from serving.stats_table import render
+    from serving.trace_summary import COLUMNS, TraceFileError, read_traces, summary_rows
+
+    try:
+        rows = summary_rows(read_traces(args.files))
+    except (TraceFileError, OSError) as err:
+        print(f"attnserve trace-summary: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(render(rows, args.json, COLUMNS)))
     return 0
 
 

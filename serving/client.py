@@ -254,6 +254,18 @@ class AttnServeClient:
         stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
         return list(self._call(stub.RepositoryIndex, kpb.RepositoryIndexRequest(), None).models)
 
+    def trace_settings(
+        self, model: str = "", changes: dict[str, list[str]] | None = None
+    ) -> dict[str, list[str]]:
+        """KServe TraceSetting: the server's request trace settings (``model``'s where given),
+        after ``changes`` (a setting's values; [] clears a model's own)."""
+        stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)
+        request = kpb.TraceSettingRequest(model_name=model)
+        for name, values in (changes or {}).items():
+            request.settings[name].value.extend(values)
+        reply = self._call(stub.TraceSetting, request, None)
+        return {name: list(value.value) for name, value in sorted(reply.settings.items())}
+
     def load_model(self, name: str) -> None:
         """KServe RepositoryModelLoad: load or reload ``name`` (model control on the server)."""
         stub = kpb_grpc.GRPCInferenceServiceStub(self.channel)

@@ -31,6 +31,8 @@ from serving.services.common import ServerState
 from serving.services.health import HealthServicer
 from serving.services.kserve import KServeServicer
 from serving.services.parsing import StrictParsing
+from serving.trace_control import LocalTraceControl, TraceControl
+from serving.tracing import Tracer
 
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.01  # how often a drain checks for calls still in flight
@@ -81,6 +83,7 @@ class RunningServer:
             await asyncio.sleep(DRAIN_POLL_S)
         await self.server.stop(max(0.0, deadline - time.monotonic()))
         await self.repository.stop(grace)
+        self.state.tracer.flush()
         if self.metrics_server is not None:
             self.metrics_server.stop()
         if self.own_folder is not None:
@@ -108,13 +111,15 @@ async def create_server(
     metrics: ServingMetrics | None = None,
     reuse_port: bool = False,
     control: ModelControl | None = None,
+    traces: TraceControl | None = None,
 ) -> RunningServer:
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
 
     ``repository`` and ``metrics`` default to loading ``config.repository`` here with fresh
     metrics; ``reuse_port`` lets several frontend processes listen on the same port;
     ``control`` (a frontend's) defaults to loading models here where
-    ``config.model_control_mode`` is explicit.
+    ``config.model_control_mode`` is explicit; ``traces`` (a frontend's) defaults to tracing
+    here with ``config``'s trace settings.
 
     Raises:
         SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
@@ -129,9 +134,10 @@ async def create_server(
     if control is None and config.model_control_mode == "explicit":
         control = LocalModelControl(repository, config.grace_period_s)
     server = _grpc_server(config, tokens, reuse_port)
-    state = ServerState()
+    traces = traces or LocalTraceControl(Tracer(config.trace_settings()))
+    state = ServerState(traces.tracer)
     regions, own_folder = _shared_memory(config)
-    health = _add_services(server, repository, metrics, state, regions, control)
+    health = _add_services(server, repository, metrics, state, regions, control, traces)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -205,13 +211,14 @@ def _add_services(
     state: ServerState,
     regions: SharedMemoryRegions | None,
     control: ModelControl | None,
+    traces: TraceControl,
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state, regions, control), server
+        KServeServicer(repository, metrics, state, regions, control, traces), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

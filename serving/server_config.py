@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from contract.schema import SchemaError, load_yaml
+from serving.errors import InvalidArgument
+from serving.tracing import TraceSettings, check_settings
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,24 @@ class ServerConfig:
     # the models loaded at start are served until the server stops, the two RPCs answer
     # FAILED_PRECONDITION.
     model_control_mode: str = "none"
+    # Request traces in Triton's format (serving.tracing; README: KServe v2 / request traces):
+    # OFF or TIMESTAMPS; one request in trace_rate traced; trace_count traces at most (-1: no
+    # limit); written to trace_file (every trace_log_frequency traces to trace_file.<n>; 0: at
+    # the end). The KServe TraceSetting RPC changes them while the server runs.
+    trace_level: str = "OFF"
+    trace_rate: int = 1000
+    trace_count: int = -1
+    trace_file: str = ""
+    trace_log_frequency: int = 0
+
+    def trace_settings(self) -> TraceSettings:
+        return TraceSettings(
+            trace_level=self.trace_level.upper(),
+            trace_rate=self.trace_rate,
+            trace_count=self.trace_count,
+            trace_file=self.trace_file,
+            log_frequency=self.trace_log_frequency,
+        )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -76,6 +96,10 @@ class ServerConfig:
             )
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
+        try:
+            check_settings(self.trace_settings())
+        except InvalidArgument as err:
+            raise ValueError(str(err)) from err
 
 
 CGROUP = Path("/sys/fs/cgroup")

@@ -81,6 +81,7 @@ class _Pending(Generic[T, R]):
     enqueued_at: float
     deadline: float | None
     priority: int = 0  # queue level (1 first; 0 with priorities off)
+    times: list[float] | None = None  # traced: gets (enqueued, batch started, batch ended)
 
 
 class Ticket(Generic[R]):
@@ -227,7 +228,14 @@ class DynamicBatcher(Generic[T, R]):
         if self._owns_executor and self._executor is not None:
             self._executor.shutdown(wait=False)
 
-    async def submit(self, item: T, *, timeout_s: float | None = None, priority: int = 0) -> R:
+    async def submit(
+        self,
+        item: T,
+        *,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        times: list[float] | None = None,
+    ) -> R:
         """Queue ``item`` and wait for its own result.
 
         Args:
@@ -235,6 +243,8 @@ class DynamicBatcher(Generic[T, R]):
             timeout_s: the client's remaining deadline; ``settings.timeout_ms`` when None.
             priority: the client's priority (1 highest; 0 = the default level), resolved
                 against ``settings.priority_levels`` as Triton does.
+            times: a list that gets the item's queue entry, and its batch's start and end
+                (clock seconds) once its batch has run (a traced request's).
 
         Returns:
             The result ``run_batch`` returned for this item.
@@ -246,7 +256,7 @@ class DynamicBatcher(Generic[T, R]):
             Internal: ``run_batch`` raised or returned the wrong number of results.
             Exception: whatever exception ``run_batch`` returned for this item.
         """
-        ticket = self.enqueue(item, timeout_s=timeout_s, priority=priority)
+        ticket = self.enqueue(item, timeout_s=timeout_s, priority=priority, times=times)
         try:
             return await ticket.future
         except asyncio.CancelledError:
@@ -255,14 +265,21 @@ class DynamicBatcher(Generic[T, R]):
         finally:
             ticket.done()
 
-    def enqueue(self, item: T, *, timeout_s: float | None = None, priority: int = 0) -> Ticket[R]:
+    def enqueue(
+        self,
+        item: T,
+        *,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        times: list[float] | None = None,
+    ) -> Ticket[R]:
         """Queue ``item`` without waiting: its result or error arrives in the ticket's future
         (``submit``'s, which awaits it). The caller calls ``done()`` once the future is done,
         or ``withdraw()`` if it gives up first. No task per request: the engine process answers
         its frontends from a callback on the future.
 
         Raises:
-            ResourceExhausted, DeadlineExceeded, Unavailable: as ``submit``.
+            ResourceExhausted, DeadlineExceeded, Unavailable: as ``submit`` (``times`` too).
         """
         level = priority_level(priority, self._settings)
         self._check_accepting(level)
@@ -272,7 +289,7 @@ class DynamicBatcher(Generic[T, R]):
             raise DeadlineExceeded(self._deadline_message(timeout_s or 0.0))
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        pending = _Pending(item, future, now, deadline, level)
+        pending = _Pending(item, future, now, deadline, level, times)
         insert_by_priority(self._queue, pending)
         self._queue_changed()
         self._wakeup.set()
@@ -375,7 +392,11 @@ class DynamicBatcher(Generic[T, R]):
                 self._settle(pending, error=Internal(message), cause=err)
             return
         finally:
-            self._record_batch(len(batch), self._clock() - started)
+            ended = self._clock()
+            self._record_batch(len(batch), ended - started)
+            for pending in batch:
+                if pending.times is not None:
+                    pending.times += (pending.enqueued_at, started, ended)
         if len(results) != len(batch):
             message = (
                 f"{self.name}: run_batch returned {len(results)} results for {len(batch)} items; "

@@ -722,9 +722,14 @@ class InFlightEngine:
         """Post the sequence's FinishEvent (``event``: its reason, tokens, ...); the time since
         its admission counts as its request's compute, once per request (not per step)."""
         request = seq.request
-        self.meters.request_computed(self.clock() - seq.admitted)
-        waited = seq.admitted - request.arrival
-        finish = FinishEvent(input_tokens=request.source_tokens, queue_seconds=waited, **event)
+        computed = self.clock() - seq.admitted
+        self.meters.request_computed(computed)
+        finish = FinishEvent(
+            input_tokens=request.source_tokens,
+            queue_seconds=seq.admitted - request.arrival,
+            compute_seconds=computed,
+            **event,
+        )
         self._outbox.post(request, finish)
         return True
 

@@ -40,7 +40,8 @@ class FinishEvent:
     score: float | None = None  # beam search: length-penalised log-probability
     alternatives: list[tuple[list[int], float]] = field(default_factory=list)
     input_tokens: int = 0
-    queue_seconds: float = 0.0
+    queue_seconds: float = 0.0  # arrival to admission
+    compute_seconds: float = 0.0  # admission to this finish
 
 
 @dataclass

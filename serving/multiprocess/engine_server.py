@@ -185,8 +185,8 @@ class EngineServer:
             self._generate(key, header, _owned(arrays[0]))
         elif kind == "classify" and len(arrays) == 1:
             self._classify(key, header, _owned(arrays[0]))
-        elif kind in ("load", "unload"):
-            task = asyncio.create_task(self._control(key, kind, str(header["model"])))
+        elif kind in ("load", "unload", "trace"):
+            task = asyncio.create_task(self._control(key, kind, header))
             self._controls.add(task)
             task.add_done_callback(self._controls.discard)
         elif kind == "applied":
@@ -195,21 +195,29 @@ class EngineServer:
             log.error("unknown message %r from a frontend; dropped", kind)
 
     # --- model control (serving.model_control) --------------------------------------------------
-    async def _control(self, key: Key, op: str, name: str) -> None:
-        """Load or unload ``name`` here and on every frontend; then answer the asking one."""
+    async def _control(self, key: Key, op: str, header: dict[str, Any]) -> None:
+        """Load or unload a model here and on every frontend, or have every frontend change
+        its trace settings (``serving.trace_control``); then answer the asking one."""
+        name = str(header["model"])
         try:
-            await (self.control.load if op == "load" else self.control.unload)(name)
+            if op == "trace":
+                errors = await self._tell_frontends(op, name, settings=header["settings"])
+                if errors:
+                    raise Internal(f"trace settings not applied: {'; '.join(errors)}")
+            else:
+                await (self.control.load if op == "load" else self.control.unload)(name)
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
             return
         self._post(key, [key[1], "done", None])
 
-    async def _tell_frontends(self, op: str, name: str) -> list[str]:
-        """Have every connected frontend apply the change; the errors they reported."""
+    async def _tell_frontends(self, op: str, name: str, **more: Any) -> list[str]:
+        """Have every connected frontend apply the change (``more``: its other fields); the
+        errors they reported."""
         seq = next(self._changes)
         change = self._applying[seq] = _Change(set(self._frontends))
         for frontend in list(self._frontends):
-            self._post((frontend, 0), [0, "model", {"op": op, "model": name, "seq": seq}])
+            self._post((frontend, 0), [0, "model", {"op": op, "model": name, "seq": seq, **more}])
         self._applied(None, seq, None)  # no frontend at all: done now
         await change.done.wait()
         return change.errors
@@ -275,23 +283,33 @@ class EngineServer:
             batcher = model.batcher
             if not isinstance(batcher, DynamicBatcher):
                 raise Internal(f"model {model.name!r} has no batcher in this process")
+            times: list[float] | None = [] if header.get("times") else None
             ticket = batcher.enqueue(
-                pixels, timeout_s=header["timeout"], priority=header["priority"]
+                pixels, timeout_s=header["timeout"], priority=header["priority"], times=times
             )
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
             return
         self._classifications[key] = ticket
-        ticket.future.add_done_callback(functools.partial(self._classified, key, ticket))
+        ticket.future.add_done_callback(functools.partial(self._classified, key, ticket, times))
 
-    def _classified(self, key: Key, ticket: Ticket[np.ndarray], future: asyncio.Future) -> None:
+    def _classified(
+        self,
+        key: Key,
+        ticket: Ticket[np.ndarray],
+        times: list[float] | None,
+        future: asyncio.Future,
+    ) -> None:
         ticket.done()
         self._classifications.pop(key, None)
         if future.cancelled():  # the frontend cancelled it: nobody waits for an answer
             return
         error = future.exception()
         if error is None:
-            self._post(key, [key[1], "result", None], future.result())
+            item = [key[1], "result", None]
+            self._post(key, item, future.result())
+            if times:  # a traced request's: [array index, enqueued, batch start, batch end]
+                item[2] = [item[2], *times]
         else:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(error))))
 

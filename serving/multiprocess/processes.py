@@ -36,6 +36,8 @@ from serving.repository import ModelFactory, ModelRepository, RepositoryError
 from serving.served import ServedClassifier, ServedGenerator, ServedModel
 from serving.server import create_server
 from serving.server_config import ServerConfig
+from serving.trace_control import RemoteTraceControl
+from serving.tracing import Tracer
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
@@ -86,7 +88,7 @@ def frontend_main(config: ServerConfig, address: str, engine_pid: int, ready: Co
     """Entry point of a frontend process (named ``attnserve-frontend-INDEX`` by the supervisor)."""
     index = multiprocessing.current_process().name.rsplit("-", 1)[-1]
     _setup(config, FRONTEND_TITLE + index)
-    asyncio.run(_frontend(config, address, engine_pid, ready))
+    asyncio.run(_frontend(config, address, engine_pid, ready, index))
 
 
 def remote_models(client: EngineClient) -> ModelFactory:
@@ -103,7 +105,9 @@ def remote_models(client: EngineClient) -> ModelFactory:
     return make
 
 
-async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: Connection) -> None:
+async def _frontend(
+    config: ServerConfig, address: str, engine_pid: int, ready: Connection, index: str
+) -> None:
     metrics = ServingMetrics(aggregate_from=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     client = EngineClient(
         address, engine_pid, config.frontend_shm_mb << 20, ARENA_MIN_BYTES, metrics
@@ -116,7 +120,13 @@ async def _frontend(config: ServerConfig, address: str, engine_pid: int, ready: 
         own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
         client.on_model_change = frontend_changes(repository)
         control = RemoteModelControl(client) if config.model_control_mode == "explicit" else None
-        running = await create_server(own, repository, metrics, reuse_port=True, control=control)
+        # each frontend samples and writes its own traces: <trace_file>.frontend<index>
+        tracer = Tracer(config.trace_settings(), suffix=f".frontend{index}")
+        client.on_trace_change = tracer.update
+        traces = RemoteTraceControl(tracer, client)
+        running = await create_server(
+            own, repository, metrics, reuse_port=True, control=control, traces=traces
+        )
         settle(config.gc_freeze, config.gc_gen0_threshold)
     except (RepositoryError, OSError, ValueError) as err:
         ready.send(("error", str(err)))

@@ -13,12 +13,15 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``generate``: ``{"t": "generate", "id", "model", "options": {...}, "deadline", "arrival",
   "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame
   (``priority``: the request's queue level, resolved by the frontend);
-- ``classify``: ``{"t": "classify", "id", "model", "timeout", "priority", "arrays": [spec]}`` +
-  the pixels (``priority``: the client's, which the engine's batcher resolves);
+- ``classify``: ``{"t": "classify", "id", "model", "timeout", "priority", "times"?, "arrays":
+  [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher resolves;
+  ``times``: a traced request's, whose ``result`` then carries its batch times);
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
 - ``load`` / ``unload``: ``{"t": "load" | "unload", "id", "model"}``: model control
   (``serving.model_control``); answered by a ``done`` or ``error`` item once every frontend has
   applied it;
+- ``trace``: ``{"t": "trace", "id", "model", "settings": {name: value | None}}``: change the
+  trace settings (``serving.trace_control``) of every frontend; answered like ``load``;
 - ``applied``: ``{"t": "applied", "id": seq, "error": message | None}``: this frontend has
   applied the engine's model change ``seq`` (a ``model`` item).
 
@@ -29,12 +32,13 @@ has read, whose arrays in shared memory it has copied out):
   "arrays": [...]}`` + array frames: everything one engine loop turn has for that frontend, in
   one message. Item kinds: ``token`` ([token_id, index]), ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
-  classifier's probabilities), ``done`` (None: a load or unload succeeded), and, with id 0,
-  ``model`` (``{"op": "load" | "unload", "model", "seq"}``: a model change every frontend
-  applies to its own models, then reports as ``applied``). With ``tokens`` the last three
-  arrays are int64 columns of equal length, request ids, token ids and output indices: the
-  decode steps' tokens for that frontend's streams, which come before the items (a stream's
-  finish after its last token).
+  classifier's probabilities; a traced one's ``[index, enqueued, batch start, batch end]``),
+  ``done`` (None: a load, unload or trace change succeeded), and, with id 0, ``model``
+  (``{"op": "load" | "unload" | "trace", "model", "seq", "settings"?}``: a change every
+  frontend applies to its own models or tracer, then reports as ``applied``). With ``tokens``
+  the last three arrays are int64 columns of equal length, request ids, token ids and output
+  indices: the decode steps' tokens for that frontend's streams, which come before the items
+  (a stream's finish after its last token).
 
 Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
 """

@@ -93,6 +93,8 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self.on_model_change: ModelChange | None = None
+        # changes this process's trace settings (model, parsed settings): Tracer.update
+        self.on_trace_change: Callable[[str, Any], None] | None = None
 
     async def start(self) -> None:
         """Connect to the engine process.
@@ -208,7 +210,10 @@ class EngineClient:
             if isinstance(waiter, EventChannel):
                 waiter.put(_event(kind, payload))
             elif not waiter.done():
-                waiter.set_result((kind, arrays[payload] if kind == "result" else payload))
+                if kind == "result":  # the array; a traced one's with its batch times
+                    times = isinstance(payload, list)
+                    payload = (arrays[payload[0]], payload[1:]) if times else arrays[payload]
+                waiter.set_result((kind, payload))
 
     def _model_change(self, kind: str, payload: Any) -> None:
         if kind != "model" or not isinstance(payload, dict):
@@ -222,8 +227,12 @@ class EngineClient:
         """Apply the engine's model change here, then say so (with the error, if any)."""
         error = None
         try:
-            if self.on_model_change is not None:
-                await self.on_model_change(str(change["op"]), str(change["model"]))
+            op, model = str(change["op"]), str(change["model"])
+            if op == "trace":
+                if self.on_trace_change is not None:
+                    self.on_trace_change(model, change["settings"])
+            elif self.on_model_change is not None:
+                await self.on_model_change(op, model)
         except Exception as err:
             log.exception("cannot apply the engine process's model change %r", change)
             error = f"{type(err).__name__}: {err}"
@@ -358,9 +367,15 @@ class RemoteBatcher:
         """The engine process stops its own batcher."""
 
     async def submit(
-        self, item: np.ndarray, *, timeout_s: float | None = None, priority: int = 0
+        self,
+        item: np.ndarray,
+        *,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        times: list[float] | None = None,
     ) -> np.ndarray:
-        """The class probabilities of one image, batched in the engine process.
+        """The class probabilities of one image, batched in the engine process (``times``:
+        gets its queue entry and its batch's start and end there, as ``DynamicBatcher``'s).
 
         Raises:
             ServingError: what the engine's batcher raised (queue full, deadline, ...).
@@ -373,6 +388,8 @@ class RemoteBatcher:
             "timeout": timeout_s,
             "priority": priority,
         }
+        if times is not None:
+            header["times"] = True
         self.client.send(header, [item])
         answered = False
         try:
@@ -383,6 +400,10 @@ class RemoteBatcher:
             if not answered and self.client.alive:
                 self.client.send({"t": "cancel", "id": request_id})
         if kind == "result":
+            if isinstance(payload, tuple):
+                payload, batch_times = payload
+                if times is not None:
+                    times += batch_times
             return np.array(payload)  # a copy: the frame's memory belongs to the message
         event = event_from(kind, payload)
         assert isinstance(event, ErrorEvent), event

@@ -16,6 +16,7 @@ import numpy as np
 
 from contract.graphs import CLASSIFIER, IMAGE_INPUT, LOGITS
 from contract.model_config import ClassifierConfig
+from serving import tracing
 from serving.backends.base import Backend
 from serving.batching.dynamic import DynamicBatcher
 from serving.errors import InvalidArgument
@@ -58,7 +59,12 @@ class Batcher(Protocol):
     async def stop(self, drain: bool = True) -> None: ...
 
     async def submit(
-        self, item: np.ndarray, *, timeout_s: float | None = None, priority: int = 0
+        self,
+        item: np.ndarray,
+        *,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        times: list[float] | None = None,
     ) -> np.ndarray: ...
 
 
@@ -151,7 +157,13 @@ class ServedClassifier(ServedEntry):
         """
         if top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0 (0 means {DEFAULT_TOP_K}), got {top_k}")
-        probabilities = await self.batcher.submit(pixels, timeout_s=timeout_s, priority=priority)
+        trace = tracing.current.get()
+        times: list[float] | None = None if trace is None else []
+        probabilities = await self.batcher.submit(
+            pixels, timeout_s=timeout_s, priority=priority, times=times
+        )
+        if trace is not None and times:
+            trace.span(*times)
         k = min(top_k or DEFAULT_TOP_K, len(probabilities))
         order = np.argsort(-probabilities, kind="stable")[:k]
         labels = self.config.labels

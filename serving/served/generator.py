@@ -18,6 +18,7 @@ import numpy as np
 from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, OPTIONAL_INPLACE_GRAPH_FILES
 from contract.model_config import GeneratorConfig, level_timeout_ms, priority_level
 from contract.text import load_text_tokenizer
+from serving import tracing
 from serving.backends.base import Backend
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.onnxruntime_io import InPlaceDecoder
@@ -356,6 +357,10 @@ class ServedGenerator(ServedEntry):
     def _generated(
         self, final: FinishEvent, request: GenerationRequest, first_token: float | None
     ) -> Generated:
+        if (trace := tracing.current.get()) is not None:
+            queued = request.arrival
+            started = queued + final.queue_seconds
+            trace.span(queued, started, started + final.compute_seconds)
         decode = self.tokenizer.decode
         return Generated(
             text=decode(final.tokens),

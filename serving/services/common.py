@@ -12,8 +12,10 @@ from typing import Any
 
 import grpc
 
+from serving import tracing
 from serving.errors import ServingError, Unavailable, status_code
 from serving.metrics import INFERENCE_METHODS, ServingMetrics
+from serving.tracing import Trace, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +24,13 @@ UNKNOWN_MODEL = "unknown"  # metrics label for names no model has (keeps label c
 
 
 class ServerState:
-    """Shared by the servicers: whether the server still takes new work, and how many calls
-    are being answered (a drain waits for them)."""
+    """Shared by the servicers: whether the server still takes new work, how many calls are
+    being answered (a drain waits for them), and which requests are traced."""
 
-    def __init__(self) -> None:
+    def __init__(self, tracer: Tracer | None = None) -> None:
         self.draining = False
         self.active = 0
+        self.tracer = tracer or Tracer()
 
     def check_serving(self) -> None:
         if self.draining:
@@ -58,6 +61,14 @@ class Servicer:
             return self.repository.get(name).name
         except ServingError:
             return UNKNOWN_MODEL
+
+    def start_trace(self, name: str, request_id: str) -> Trace | None:
+        """A trace of this request if it is sampled (None for a name no model has)."""
+        try:
+            model = self.repository.get(name)
+        except ServingError:
+            return None
+        return self.state.tracer.start(model.name, model.version, request_id)
 
     def record(self, model: str, method: str, code: str, started: float) -> None:
         recorders = self._recorders.get((model, method, code))
@@ -107,8 +118,10 @@ async def served_call(
     *,
     refuse_when_draining: bool = True,
     report: ErrorSink | None = None,
+    request_id: str = "",
 ) -> AsyncIterator[None]:
-    """The envelope of every RPC: map errors to statuses and record the request metrics.
+    """The envelope of every RPC: map errors to statuses, record the request metrics, and
+    trace the inference requests that the trace settings sample (``serving.tracing``).
 
     Args:
         servicer: holds the server state and metrics.
@@ -119,11 +132,18 @@ async def served_call(
             probes keep answering, as Triton's do).
         report: where a failure goes instead of aborting the call (one request of a KServe
             stream fails into its response's error_message; the stream stays open).
+        request_id: the request's own id (KServe's), written into its trace.
     """
     started = time.perf_counter()
     code = "OK"
     ended = False
     servicer.state.active += 1
+    trace = None
+    if servicer.state.tracer.enabled and method in INFERENCE_METHODS:
+        trace = servicer.start_trace(model, request_id)
+        if trace is not None:
+            trace.stamp("REQUEST_START", time.monotonic_ns())
+            token = tracing.current.set(trace)
 
     def end() -> None:
         """Count the call once, before its status leaves: a client that has its answer finds
@@ -152,6 +172,11 @@ async def served_call(
             report(code, error_message(err))
     finally:
         end()
+        if trace is not None:
+            trace.stamp("REQUEST_END", time.monotonic_ns())
+            servicer.state.tracer.end(trace)
+            with contextlib.suppress(ValueError):  # a stream closed from another context
+                tracing.current.reset(token)
 
 
 def unary(
@@ -163,7 +188,12 @@ def unary(
         @functools.wraps(fn)
         async def handler(self: Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
             async with served_call(
-                self, method, model_of(request), context, refuse_when_draining=refuse_when_draining
+                self,
+                method,
+                model_of(request),
+                context,
+                refuse_when_draining=refuse_when_draining,
+                request_id=getattr(request, "id", ""),
             ):
                 return await fn(self, request, context)
 

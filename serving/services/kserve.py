@@ -31,6 +31,8 @@ from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.repository import check_model_name
 from serving.served import ServedModel
 from serving.services.common import ServerState, Servicer, deadline_of, served_call, unary
+from serving.trace_control import LocalTraceControl, TraceControl
+from serving.tracing import parse_changes
 
 _END = object()
 # Triton's protocol extensions attnserve serves (ServerMetadata lists them): top-k
@@ -38,14 +40,15 @@ _END = object()
 # ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
 # is listed), the request parameters "priority" and "timeout" ("schedule_policy"), and
 # "system_shared_memory" where it is on, "model_repository" and
-# "model_repository(unload_dependents)" with model control. Not listed: what it leaves out
-# (cuda_shared_memory, trace, logging).
+# "model_repository(unload_dependents)" with model control, and request traces ("trace").
+# Not listed: what it leaves out (cuda_shared_memory, logging).
 EXTENSIONS = (
     "classification",
     "model_configuration",
     "parameters",
     "schedule_policy",
     "statistics",
+    "trace",
 )
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
 MODEL_CONTROL_EXTENSIONS = ("model_repository", "model_repository(unload_dependents)")
@@ -63,7 +66,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     Health and metadata answer while the server drains (Triton: live stays true and ready turns
     false while the server shuts down); inference is refused with UNAVAILABLE then.
     ``regions``: the server's system shared memory regions (None: the extension is off);
-    ``control``: its model control (None: off, ``--model-control-mode none``).
+    ``control``: its model control (None: off, ``--model-control-mode none``); ``traces``: how
+    its trace settings change (None: in this process only).
     """
 
     def __init__(
@@ -73,10 +77,12 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         state: ServerState,
         regions: shared_memory.SharedMemoryRegions | None = None,
         control: ModelControl | None = None,
+        traces: TraceControl | None = None,
     ) -> None:
         super().__init__(repository, metrics, state)
         self.regions = regions
         self.control = control
+        self.traces = traces or LocalTraceControl(state.tracer)
         self.extensions = sorted(
             [
                 *EXTENSIONS,
@@ -183,6 +189,23 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         model_control.check_unload_parameters(request.parameters)
         await control.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
+
+    # --- request traces -------------------------------------------------------------------------
+    @unary("TraceSetting", lambda r: r.model_name, refuse_when_draining=False)
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any):
+        name = self.repository.get(request.model_name).name if request.model_name else ""
+        if "trace_file" in request.settings:  # as Triton's since 2024: no path a client chose
+            raise InvalidArgument(
+                "trace_file cannot be changed through TraceSetting (the server would write "
+                "where a client says): start the server with --trace-file"
+            )
+        changes = parse_changes({key: value.value for key, value in request.settings.items()})
+        if changes:
+            await self.traces.update(name, changes)
+        response = pb.TraceSettingResponse()
+        for key, values in self.traces.tracer.settings(name).items():
+            response.settings[key].value.extend(values)
+        return response
 
     # --- system shared memory -------------------------------------------------------------------
     def _regions(self) -> shared_memory.SharedMemoryRegions:
@@ -291,7 +314,12 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             )
 
         async with served_call(
-            self, "ModelStreamInfer", request.model_name, context, report=report
+            self,
+            "ModelStreamInfer",
+            request.model_name,
+            context,
+            report=report,
+            request_id=request.id,
         ):
             model = self._model(request.model_name, request.model_version)
             call = prepare(model, request, deadline_of(context), self.regions)

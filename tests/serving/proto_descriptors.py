@@ -63,6 +63,7 @@ TRITON_METHODS = {
         )
         for rpc in ("Status", "Register", "Unregister")
     },
+    "TraceSetting": ("TraceSettingRequest", "TraceSettingResponse", False, False),
 }
 
 # Every message and field of our `inference` package, transcribed from Triton's
@@ -165,6 +166,11 @@ SystemSharedMemoryRegisterRequest byte_size 4 uint64
 SystemSharedMemoryRegisterResponse
 SystemSharedMemoryUnregisterRequest name 1 string
 SystemSharedMemoryUnregisterResponse
+TraceSettingRequest settings 1 map<string, TraceSettingRequest.SettingValue>
+TraceSettingRequest model_name 2 string
+TraceSettingRequest.SettingValue value 1 repeated string
+TraceSettingResponse settings 1 map<string, TraceSettingResponse.SettingValue>
+TraceSettingResponse.SettingValue value 1 repeated string
 RepositoryIndexRequest repository_name 1 string
 RepositoryIndexRequest ready 2 bool
 RepositoryIndexResponse models 1 repeated RepositoryIndexResponse.ModelIndex

@@ -29,6 +29,10 @@ GOOD_MESSAGES = [
     kpb.SystemSharedMemoryRegisterRequest(
         name="r", key="/attnserve-fuzz-none", offset=0, byte_size=64
     ).SerializeToString(),
+    kpb.TraceSettingRequest(
+        model_name="vit",
+        settings={"trace_level": kpb.TraceSettingRequest.SettingValue(value=["TIMESTAMPS"])},
+    ).SerializeToString(),
 ]
 METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-stream
     ("/attnserve.v1.AttnServe/Translate", "uu"),
@@ -53,6 +57,7 @@ METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-strea
     ("/inference.GRPCInferenceService/SystemSharedMemoryUnregister", "uu"),
     ("/grpc.health.v1.Health/Check", "uu"),
     ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "ss"),
+    ("/inference.GRPCInferenceService/TraceSetting", "uu"),
     ("/inference.GRPCInferenceService/RepositoryModelLoad", "uu"),
     ("/inference.GRPCInferenceService/RepositoryModelUnload", "uu"),
 ]

@@ -39,6 +39,7 @@ def test_live_ready_and_server_metadata(stub: pb_grpc.GRPCInferenceServiceStub) 
         "schedule_policy",
         "statistics",
         "system_shared_memory",
+        "trace",
     ]
 
 
