@@ -134,7 +134,7 @@ def _add_serve_parser(subparsers: Any) -> None:
     trace.add_argument(
         "--trace-log-frequency",
         type=int,
-        help="write <trace-file>.<n> every N traces (default 0: <trace-file> at the end)",
+        help="write <trace-file>.<n> every N traces (default 0: all in <trace-file>)",
     )
     security = serve.add_argument_group("security (README: Serving / Security)")
     security.add_argument("--tls-cert", help="PEM certificate: the gRPC port speaks TLS")

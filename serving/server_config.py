@@ -53,8 +53,8 @@ class ServerConfig:
     model_control_mode: str = "none"
     # Request traces in Triton's format (serving.tracing; README: KServe v2 / request traces):
     # OFF or TIMESTAMPS; one request in trace_rate traced; trace_count traces at most (-1: no
-    # limit); written to trace_file (every trace_log_frequency traces to trace_file.<n>; 0: at
-    # the end). The KServe TraceSetting RPC changes them while the server runs.
+    # limit); written to trace_file (every trace_log_frequency traces to trace_file.<n>; 0: all
+    # in trace_file). The KServe TraceSetting RPC changes them (but the file) while serving.
     trace_level: str = "OFF"
     trace_rate: int = 1000
     trace_count: int = -1

@@ -8,9 +8,9 @@ changes both while the server runs, ``serve --trace-*`` sets the server's at sta
 - ``trace_rate``: trace one inference request in this many (1: every one);
 - ``trace_count``: traces left to take (-1: no limit); once 0, what was collected is written;
 - ``trace_file``: where to write (its folder must exist);
-- ``log_frequency``: write ``<trace_file>.<n>`` every this many traces (n = 0, 1, ...); 0: write
-  ``<trace_file>`` (all of its traces) when tracing stops, the settings change or the server
-  does.
+- ``log_frequency``: write ``<trace_file>.<n>`` every this many traces (n = 0, 1, ...); 0: one
+  file, ``<trace_file>``, its traces appended every ``APPEND_EVERY`` traces and when tracing
+  stops, the settings change or the server does (a JSON array after every write).
 
 A traced request's timestamps, in nanoseconds of the monotonic clock (Triton's steady clock;
 one clock for every process of a machine):
@@ -178,9 +178,13 @@ class Trace:
         ]
 
 
+APPEND_EVERY = 1000  # log_frequency 0: traces held in memory before they go to the file
+
+
 class TraceWriter:
     """The traces bound for one file: every ``log_frequency`` traces to ``<path>.<n>``, or
-    (``log_frequency`` 0) all of them to ``<path>``, rewritten at each ``flush``."""
+    (``log_frequency`` 0) appended to ``<path>`` every ``APPEND_EVERY`` traces and at each
+    ``flush``; the file is a whole JSON array after every write."""
 
     def __init__(self, path: str, log_frequency: int) -> None:
         self.path = path
@@ -188,37 +192,41 @@ class TraceWriter:
         self.index = 0  # the next <path>.<n>
         self._pending: list[dict[str, Any]] = []  # records not yet in a file
         self._traces = 0  # traces in _pending
-        self._written: list[dict[str, Any]] = []  # log_frequency 0: records already in <path>
+        self._started = False  # <path> holds this writer's array (log_frequency 0)
 
     def add(self, trace: Trace) -> None:
         self._pending.extend(trace.records())
         self._traces += 1
-        if self.log_frequency and self._traces >= self.log_frequency:
+        if self._traces >= (self.log_frequency or APPEND_EVERY):
             self.flush()
 
     def flush(self) -> None:
-        """Write what was collected (nothing new: nothing written)."""
+        """Write what was collected (nothing new: nothing written). A failure is logged and the
+        records dropped: tracing never fails a request."""
         if not self._traces:
             return
-        if self.log_frequency:
-            self._write(f"{self.path}.{self.index}", self._pending)
-            self.index += 1
-        else:
-            self._written.extend(self._pending)
-            self._write(self.path, self._written)
-        self._pending, self._traces = [], 0
+        records, self._pending, self._traces = self._pending, [], 0
+        try:
+            if self.log_frequency:
+                self.index += 1
+                self._replace(f"{self.path}.{self.index - 1}", json.dumps(records))
+            elif self._started and os.path.isfile(self.path):
+                with open(self.path, "r+b") as out:  # over the array's closing bracket
+                    out.seek(-1, os.SEEK_END)
+                    out.write(b"," + json.dumps(records)[1:].encode())
+            else:
+                self._replace(self.path, json.dumps(records))
+                self._started = True
+        except OSError as err:
+            log.error("cannot write the request traces to %s: %s", self.path, err)
 
     @staticmethod
-    def _write(path: str, records: list[dict[str, Any]]) -> None:
-        """Replace ``path`` whole (a reader never sees half a file); a failure is logged, the
-        records dropped: tracing never fails a request."""
+    def _replace(path: str, text: str) -> None:
+        """Write ``path`` whole (a reader never sees half a file)."""
         partial = f"{path}.partial"
-        try:
-            with open(partial, "w", encoding="utf-8") as out:
-                out.write(json.dumps(records))  # one C-encoded string (json.dump: 3x slower)
-            os.replace(partial, path)
-        except OSError as err:
-            log.error("cannot write the request traces to %s: %s", path, err)
+        with open(partial, "w", encoding="utf-8") as out:
+            out.write(text)  # one C-encoded string (json.dump: 3x slower)
+        os.replace(partial, path)
 
 
 class _Scope:

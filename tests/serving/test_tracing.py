@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from serving import tracing
 from serving.errors import InvalidArgument
 from serving.tracing import NAMES, NS, Tracer, TraceSettings, parse_changes, parse_setting
 
@@ -84,6 +85,22 @@ def test_without_log_frequency_the_file_holds_every_trace(tmp_path: Path) -> Non
     run(tracer, "vit", 1)
     tracer.flush()
     assert sorted(traces_in(path)) == [1, 2, 3]
+
+
+def test_without_log_frequency_traces_are_appended_as_they_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tracing, "APPEND_EVERY", 2)
+    path = tmp_path / "trace.json"
+    tracer = Tracer(on(path))
+    run(tracer, "vit", 5)  # appended at the 2nd and the 4th: at most 2 traces held
+    assert sorted(traces_in(path)) == [1, 2, 3, 4]
+    tracer.flush()
+    assert sorted(traces_in(path)) == [1, 2, 3, 4, 5]
+    path.unlink()  # removed under the server: the next write starts it again
+    run(tracer, "vit", 2)
+    assert sorted(traces_in(path)) == [6, 7]
+    assert not list(tmp_path.glob("*.partial"))
 
 
 def test_a_model_of_its_own_and_back(tmp_path: Path) -> None:
