@@ -40,16 +40,22 @@ def workloads(image: bytes) -> dict[str, Workload]:
 
 
 async def drive(
-    address: str, concurrency: tuple[int, ...], duration: float, warmup: float
+    server: ServeProcess, concurrency: tuple[int, ...], duration: float, warmup: float
 ) -> list[dict[str, Any]]:
-    """Each workload at each concurrency against the server at ``address``."""
+    """Each workload at each concurrency against ``server`` (its CPU time recorded)."""
     points = []
     for name, workload in workloads(sample_image()).items():
-        client = Client(address, workload, connections=1)
+        client = Client(server.address, workload, connections=1)
         try:
             await client.wait_ready()
             for clients in concurrency:
-                point = await measure(client, concurrency=clients, duration=duration, warmup=warmup)
+                point = await measure(
+                    client,
+                    concurrency=clients,
+                    duration=duration,
+                    warmup=warmup,
+                    server_cpu=server.cpu_seconds,
+                )
                 points.append({"workload": name, "concurrency": clients, **point})
         finally:
             await client.close()
@@ -71,7 +77,7 @@ def run_server(
     ).start()
     try:
         points = asyncio.run(
-            drive(server.address, settings.concurrency, settings.duration, settings.warmup)
+            drive(server, settings.concurrency, settings.duration, settings.warmup)
         )
     finally:
         server.stop()

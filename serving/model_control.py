@@ -22,10 +22,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from serving.engine.requests import ErrorEvent
 from serving.errors import Internal, NotFound
 from serving.gc_policy import release
-from serving.multiprocess.protocol import event_from
 from serving.repository import ModelRepository
 
 log = logging.getLogger(__name__)
@@ -127,16 +125,7 @@ class RemoteModelControl:
 
     async def _ask(self, op: str, name: str) -> None:
         """Raises what the engine process answered (NotFound, FailedPrecondition, ...)."""
-        request_id, answer = self.client.open_call()
-        try:
-            self.client.send({"t": op, "id": request_id, "model": name})
-            kind, payload = await answer
-        finally:
-            self.client.forget(request_id)
-        if kind != "done":
-            event = event_from(kind, payload)
-            assert isinstance(event, ErrorEvent), event
-            raise event.error
+        await self.client.ask({"t": op, "model": name})
 
 
 def frontend_changes(repository: ModelRepository) -> Callable[[str, str], Awaitable[None]]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from serving.engine.requests import ErrorEvent
-from serving.multiprocess.protocol import event_from
 from serving.tracing import Changes, Tracer
 
 
@@ -47,13 +45,4 @@ class RemoteTraceControl:
     async def update(self, model: str, changes: Changes) -> None:
         """Raises InvalidArgument (nothing changed anywhere), or what the engine answered."""
         self.tracer.check(model, changes)
-        request_id, answer = self.client.open_call()
-        try:
-            self.client.send({"t": "trace", "id": request_id, "model": model, "settings": changes})
-            kind, payload = await answer
-        finally:
-            self.client.forget(request_id)
-        if kind != "done":
-            event = event_from(kind, payload)
-            assert isinstance(event, ErrorEvent), event
-            raise event.error
+        await self.client.ask({"t": "trace", "model": model, "settings": changes})

@@ -163,6 +163,24 @@ class EngineClient:
     def forget(self, request_id: int) -> None:
         self._waiting.pop(request_id, None)
 
+    async def ask(self, message: dict[str, Any]) -> None:
+        """Send ``message`` (its ``id`` added) and wait for the engine's ``done`` (model control,
+        trace settings).
+
+        Raises:
+            ServingError: what the engine process answered instead (NotFound, ...).
+        """
+        request_id, answer = self.open_call()
+        try:
+            self.send({**message, "id": request_id})
+            kind, payload = await answer
+        finally:
+            self.forget(request_id)
+        if kind != "done":
+            event = _event(kind, payload)
+            assert isinstance(event, ErrorEvent), event
+            raise event.error
+
     def send(self, header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> None:
         """Queue a message for the engine; the messages of one event-loop turn leave in one
         write (one system call here, fewer reads in the engine process), in order."""
