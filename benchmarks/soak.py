@@ -30,6 +30,10 @@ served model in turn (KServe ``RepositoryModelLoad``) every S seconds while the 
 reload must not fail a call or change an answer, nor grow memory (``reloads`` in the report; a
 failed reload is an error of kind ``reload``; ``latency_ms.reload``: how long the reloads took;
 ``rss_after_reload_mb``: the server tree's RSS as each reload returned).
+
+``--trace-rate N`` starts the server tracing one request in N (``--trace-level TIMESTAMPS``, a
+trace file in a temporary folder, appended as it goes): tracing must not grow memory either
+(``traces`` in the report: how many the files held at the end).
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -62,6 +68,7 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as kpb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+from serving.trace_summary import read_traces
 
 KINDS = (
     "translate",
@@ -439,6 +446,7 @@ def soak(
     pid: int | None = None,
     frontend_workers: int = 1,
     reload_every: float = 0.0,
+    trace_rate: int = 0,
 ) -> dict[str, Any]:
     """Run the soak; the report (see the module docstring).
 
@@ -455,17 +463,22 @@ def soak(
         frontend_workers: the server's ``--frontend-workers`` (RSS sums all its processes).
         reload_every: seconds between two model reloads (0: none; the server runs with model
             control on).
+        trace_rate: the server traces one request in this many (0: no tracing).
     """
     if warmup >= duration:
         raise ValueError(f"warmup ({warmup} s) must be shorter than duration ({duration} s)")
     window = window or max(3 * interval, 0.1 * (duration - warmup))
     inputs = Inputs.make()
     server = None
+    traces_folder = Path(tempfile.mkdtemp(prefix="attnserve-soak-traces-"))
     if address is None:
         flags: tuple[str, ...] = ("--metrics-port", "-1")
         flags += ("--frontend-workers", str(frontend_workers))
         flags += ("--system-shared-memory",) * SHM.is_dir()
         flags += ("--model-control-mode", "explicit") * bool(reload_every)
+        if trace_rate:
+            flags += ("--trace-file", str(traces_folder / "trace.json"))
+            flags += ("--trace-level", "TIMESTAMPS", "--trace-rate", str(trace_rate))
         server = ServeProcess(repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
@@ -517,7 +530,10 @@ def soak(
         "rss_after_reload_mb": [round(rss / 2**20, 1) for rss in tally.rss_after_reload],
     }
     report = soak_report(run, tally, sampler.samples, sampler.by_process)
-    return {**report, "open_fds": fds, "kinds": list(kinds), **reloads}
+    traces = len(read_traces(sorted(traces_folder.glob("trace.json*"))))
+    shutil.rmtree(traces_folder, ignore_errors=True)
+    tracing = {"trace_rate": trace_rate, "traces": traces}
+    return {**report, "open_fds": fds, "kinds": list(kinds), **reloads, **tracing}
 
 
 def open_fds(pid: int) -> int:
@@ -647,6 +663,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="reload the served models in turn this often (s; model control on; default 0: no)",
     )
+    parser.add_argument(
+        "--trace-rate",
+        type=int,
+        default=0,
+        help="the server traces one request in N (default 0: no tracing)",
+    )
     args = parser.parse_args(argv)
     if args.address is None and args.repository == Path("model_repository"):
         from serving.cli import ensure_shipped_repository
@@ -666,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         pid=args.pid,
         frontend_workers=args.frontend_workers,
         reload_every=args.reload_every,
+        trace_rate=args.trace_rate,
     )
     text = json.dumps(report, indent=2)
     print(text)

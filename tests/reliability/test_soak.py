@@ -8,7 +8,9 @@ server's resident memory every second. Asserted: no call failed and every repeat
 its first answer again (whatever the API), every kind of call ran, no shared memory region was
 left registered, the server's open file descriptors did not grow, the server exited 0 on
 SIGTERM, and the resident memory grew by at most 5% between the end of the 15 s warm-up and the
-end. The report goes to ``soak_summary.json`` in pytest's base temp directory and is printed.
+end, with every request traced (``--trace-rate 1``: the traces appended to their file as they
+come must not grow memory). The report goes to ``soak_summary.json`` in pytest's base temp
+directory and is printed.
 With two frontend processes the same soak runs for a third of the time, its memory summed over
 the supervisor, the engine process and both frontends, each of which the report also lists with
 its own RSS under its process name, with model control on: every ``RELOAD_EVERY`` seconds one
@@ -48,6 +50,7 @@ def test_short_soak(
         interval=0.5,
         frontend_workers=workers,
         reload_every=RELOAD_EVERY if workers > 1 else 0.0,
+        trace_rate=1,
     )
     text = json.dumps({k: v for k, v in report.items() if k != "rss_samples_mb"}, indent=2)
     summary = tmp_path_factory.getbasetemp() / f"soak_summary_{workers}.json"
@@ -58,6 +61,8 @@ def test_short_soak(
     # no descriptor leaks (each shared memory call opens its region's object 2-3 times)
     assert report["open_fds"]["end"] <= report["open_fds"]["start"] + 16, report["open_fds"]
     assert report["calls"] >= 10 * seconds  # it really drove traffic
+    # every inference request traced (and the probes for usable texts before the traffic)
+    assert report["traces"] >= report["calls"], (report["traces"], report["calls"])
     if workers > 1:  # models reloaded meanwhile
         assert report["reloads"] >= seconds // RELOAD_EVERY / 2, report["reloads"]
         assert len(report["rss_after_reload_mb"]) == report["reloads"]
