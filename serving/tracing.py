@@ -86,9 +86,7 @@ def parse_setting(name: str, values: Sequence[str]) -> str | int:
         InvalidArgument: an unknown name, or a value that is not one the setting takes.
     """
     if name not in NAMES:
-        raise InvalidArgument(
-            f"unknown trace setting {name!r}; the settings are {', '.join(NAMES)}"
-        )
+        raise InvalidArgument(f"unknown trace setting {name!r}: use one of {', '.join(NAMES)}")
     if name == "trace_level":
         levels = {v.upper() for v in values}
         if "TENSORS" in levels:
@@ -99,7 +97,7 @@ def parse_setting(name: str, values: Sequence[str]) -> str | int:
             )
         return levels.pop()
     if len(values) != 1:
-        raise InvalidArgument(f"{name} takes one value, got {list(values)}")
+        raise InvalidArgument(f"{name} takes one value: send one, not {list(values)}")
     if name == "trace_file":
         return values[0]
     try:
@@ -126,7 +124,10 @@ def check_settings(settings: TraceSettings, scope: str = "the server") -> None:
         )
     folder = Path(settings.trace_file).parent
     if not folder.is_dir():
-        raise InvalidArgument(f"trace_file {settings.trace_file!r}: folder {folder} does not exist")
+        raise InvalidArgument(
+            f"trace_file {settings.trace_file!r}: folder {folder} does not exist; create it or "
+            "pick another file"
+        )
 
 
 @dataclass

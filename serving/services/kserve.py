@@ -196,8 +196,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         name = self.repository.get(request.model_name).name if request.model_name else ""
         if "trace_file" in request.settings:  # as Triton's since 2024: no path a client chose
             raise InvalidArgument(
-                "trace_file cannot be changed through TraceSetting (the server would write "
-                "where a client says): start the server with --trace-file"
+                "trace_file can only be set when the server starts (--trace-file): TraceSetting "
+                "does not let a client choose where the server writes; leave it out"
             )
         changes = parse_changes({key: value.value for key, value in request.settings.items()})
         if changes:

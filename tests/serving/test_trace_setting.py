@@ -169,8 +169,8 @@ def test_trace_setting_errors(stub: Stub, tmp_path: Path, tiny_repository: Path)
         ({"trace_level": ["TENSORS"]}, "TENSORS is not supported"),
         ({"trace_rate": ["0"]}, "trace_rate must be >= 1"),
         ({"trace_count": ["many"]}, "trace_count must be an integer"),
-        ({"trace_file": [str(tmp_path / "elsewhere.json")]}, "start the server with --trace-file"),
-        ({"trace_file": []}, "cannot be changed through TraceSetting"),
+        ({"trace_file": [str(tmp_path / "elsewhere.json")]}, "only be set when the server starts"),
+        ({"trace_file": []}, "does not let a client choose where the server writes"),
     ]:
         code, details = refused(stub, settings)
         assert (code, message in details) == (invalid, True), details

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from serving import tracing
 from serving.errors import InvalidArgument
 from serving.tracing import NAMES, NS, Tracer, TraceSettings, parse_changes, parse_setting
+from tests.reliability.harness import says_what_to_fix
 
 
 def on(path: Path, **more: Any) -> TraceSettings:
@@ -138,8 +139,9 @@ def test_changes_that_cannot_trace_change_nothing(
 ) -> None:
     tracer = Tracer()
     before = tracer.settings(model)
-    with pytest.raises(InvalidArgument, match=message):
+    with pytest.raises(InvalidArgument, match=message) as err:
         tracer.update(model, changes)
+    assert says_what_to_fix(str(err.value)), err.value
     assert tracer.settings(model) == before and not tracer.enabled
 
 
@@ -167,8 +169,9 @@ def test_parse_setting_examples() -> None:
         ("trace_file", ["a", "b"], "one value"),
         ("trace_mode", ["triton"], "unknown trace setting"),
     ]:
-        with pytest.raises(InvalidArgument, match=message):
+        with pytest.raises(InvalidArgument, match=message) as err:
             parse_setting(name, values)
+        assert says_what_to_fix(str(err.value)), err.value
 
 
 @given(
