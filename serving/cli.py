@@ -272,9 +272,12 @@ def ensure_shipped_repository(repository: Path) -> None:
 
 async def _serve(config: ServerConfig) -> int:
     from serving.gc_policy import settle
+    from serving.log_settings import LogChanges, LogControl, LogSettings
     from serving.server import create_server
 
-    running = await create_server(config)
+    handlers = logging.getLogger().handlers  # basicConfig's: LogSettings changes them
+    logs = LogChanges(LogControl(LogSettings.for_level(config.log_level), handlers))
+    running = await create_server(config, logs=logs)
     settle(config.gc_freeze, config.gc_gen0_threshold)
     metrics = (
         f", metrics on {config.metrics_host}:{running.metrics_port}" if running.metrics_port else ""

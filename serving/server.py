@@ -19,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from serving.kserve.shared_memory import SharedMemoryRegions
+from serving.log_settings import LogChanges, LogControl, LogSettings
 from serving.metrics import MetricsServer, ServingMetrics
 from serving.model_control import LocalModelControl, ModelControl
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
@@ -112,6 +113,7 @@ async def create_server(
     reuse_port: bool = False,
     control: ModelControl | None = None,
     traces: TraceControl | None = None,
+    logs: LogChanges | None = None,
 ) -> RunningServer:
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
 
@@ -119,7 +121,9 @@ async def create_server(
     metrics; ``reuse_port`` lets several frontend processes listen on the same port;
     ``control`` (a frontend's) defaults to loading models here where
     ``config.model_control_mode`` is explicit; ``traces`` (a frontend's) defaults to tracing
-    here with ``config``'s trace settings.
+    here with ``config``'s trace settings; ``logs`` (what ``LogSettings`` changes) defaults to
+    settings kept and answered without touching this process's logging (``attnserve serve``
+    passes its own handlers).
 
     Raises:
         SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
@@ -136,8 +140,9 @@ async def create_server(
     server = _grpc_server(config, tokens, reuse_port)
     traces = traces or LocalTraceControl(Tracer(config.trace_settings()))
     state = ServerState(traces.tracer)
+    logs = logs or LogChanges(LogControl(LogSettings.for_level(config.log_level)))
     regions, own_folder = _shared_memory(config)
-    health = _add_services(server, repository, metrics, state, regions, control, traces)
+    health = _add_services(server, repository, metrics, state, regions, control, (traces, logs))
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -211,14 +216,14 @@ def _add_services(
     state: ServerState,
     regions: SharedMemoryRegions | None,
     control: ModelControl | None,
-    traces: TraceControl,
+    settings: tuple[TraceControl, LogChanges],
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state, regions, control, traces), server
+        KServeServicer(repository, metrics, state, regions, control, *settings), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

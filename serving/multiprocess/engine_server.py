@@ -40,6 +40,7 @@ from serving.engine.requests import (
     joined_columns,
 )
 from serving.errors import Internal, InvalidArgument, ServingError
+from serving.log_settings import LogControl
 from serving.model_control import LocalModelControl
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
@@ -65,9 +66,16 @@ class EngineServer:
     ``grace``: seconds the running requests of a model that a load replaces, or an unload
     stops, get to finish."""
 
-    def __init__(self, repository: ModelRepository, path: str, grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        path: str,
+        grace: float = 10.0,
+        logs: LogControl | None = None,
+    ) -> None:
         self.repository = repository
         self.path = path
+        self.logs = logs  # this process's log settings (LogSettings changes them here too)
         self.control = LocalModelControl(repository, grace, announce=self._tell_frontends)
         self._changes = itertools.count(1)
         self._applying: dict[int, _Change] = {}  # model changes the frontends are applying
@@ -185,7 +193,7 @@ class EngineServer:
             self._generate(key, header, _owned(arrays[0]))
         elif kind == "classify" and len(arrays) == 1:
             self._classify(key, header, _owned(arrays[0]))
-        elif kind in ("load", "unload", "trace"):
+        elif kind in ("load", "unload", "trace", "log"):
             task = asyncio.create_task(self._control(key, kind, header))
             self._controls.add(task)
             task.add_done_callback(self._controls.discard)
@@ -197,13 +205,16 @@ class EngineServer:
     # --- model control (serving.model_control) --------------------------------------------------
     async def _control(self, key: Key, op: str, header: dict[str, Any]) -> None:
         """Load or unload a model here and on every frontend, or have every frontend change
-        its trace settings (``serving.trace_control``); then answer the asking one."""
+        its trace settings (``serving.trace_control``) or its log settings (and this process
+        its own: ``serving.log_settings``); then answer the asking one."""
         name = str(header["model"])
         try:
-            if op == "trace":
+            if op in ("trace", "log"):
+                if op == "log" and self.logs is not None:
+                    self.logs.update(header["settings"])
                 errors = await self._tell_frontends(op, name, settings=header["settings"])
                 if errors:
-                    raise Internal(f"trace settings not applied: {'; '.join(errors)}")
+                    raise Internal(f"{op} settings not applied: {'; '.join(errors)}")
             else:
                 await (self.control.load if op == "load" else self.control.unload)(name)
         except Exception as err:

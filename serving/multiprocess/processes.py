@@ -26,6 +26,7 @@ from pathlib import Path
 
 from contract.model_config import ClassifierConfig, ModelConfig
 from serving.gc_policy import settle
+from serving.log_settings import LogChanges, LogControl, LogSettings
 from serving.metrics import ServingMetrics
 from serving.model_control import RemoteModelControl, frontend_changes
 from serving.multiprocess.engine_server import EngineServer
@@ -38,6 +39,12 @@ from serving.server import create_server
 from serving.server_config import ServerConfig
 from serving.trace_control import RemoteTraceControl
 from serving.tracing import Tracer
+
+
+def process_logs(config: ServerConfig) -> LogControl:
+    """This process's log settings, over the handlers ``logging.basicConfig`` gave it."""
+    return LogControl(LogSettings.for_level(config.log_level), logging.getLogger().handlers)
+
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
@@ -72,7 +79,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         raise SystemExit(1) from err
     await repository.start()
     settle(config.gc_freeze, config.gc_gen0_threshold)
-    server = EngineServer(repository, address, config.grace_period_s)
+    server = EngineServer(repository, address, config.grace_period_s, process_logs(config))
     await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
@@ -122,10 +129,16 @@ async def _frontend(
         control = RemoteModelControl(client) if config.model_control_mode == "explicit" else None
         # each frontend samples and writes its own traces: <trace_file>.frontend<index>
         tracer = Tracer(config.trace_settings(), suffix=f".frontend{index}")
-        client.on_trace_change = tracer.update
-        traces = RemoteTraceControl(tracer, client)
+        logs = process_logs(config)
+        client.on_settings = {"trace": tracer.update, "log": lambda _, s: logs.update(s)}
         running = await create_server(
-            own, repository, metrics, reuse_port=True, control=control, traces=traces
+            own,
+            repository,
+            metrics,
+            reuse_port=True,
+            control=control,
+            traces=RemoteTraceControl(tracer, client),
+            logs=LogChanges(logs, client),
         )
         settle(config.gc_freeze, config.gc_gen0_threshold)
     except (RepositoryError, OSError, ValueError) as err:

@@ -22,6 +22,8 @@ Frontend -> engine (each frontend on a connection of its own):
   applied it;
 - ``trace``: ``{"t": "trace", "id", "model", "settings": {name: value | None}}``: change the
   trace settings (``serving.trace_control``) of every frontend; answered like ``load``;
+- ``log``: ``{"t": "log", "id", "model": "", "settings": {name: value}}``: change the log
+  settings (``serving.log_settings``) of the engine process and every frontend; the same;
 - ``applied``: ``{"t": "applied", "id": seq, "error": message | None}``: this frontend has
   applied the engine's model change ``seq`` (a ``model`` item).
 
@@ -33,12 +35,12 @@ has read, whose arrays in shared memory it has copied out):
   one message. Item kinds: ``token`` ([token_id, index]), ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
   classifier's probabilities; a traced one's ``[index, enqueued, batch start, batch end]``),
-  ``done`` (None: a load, unload or trace change succeeded), and, with id 0, ``model``
-  (``{"op": "load" | "unload" | "trace", "model", "seq", "settings"?}``: a change every
-  frontend applies to its own models or tracer, then reports as ``applied``). With ``tokens``
-  the last three arrays are int64 columns of equal length, request ids, token ids and output
-  indices: the decode steps' tokens for that frontend's streams, which come before the items
-  (a stream's finish after its last token).
+  ``done`` (None: a load, unload or settings change succeeded), and, with id 0, ``model``
+  (``{"op": "load" | "unload" | "trace" | "log", "model", "seq", "settings"?}``: a change
+  every frontend applies to its own models, tracer or logging, then reports as ``applied``).
+  With ``tokens`` the last three arrays are int64 columns of equal length, request ids, token
+  ids and output indices: the decode steps' tokens for that frontend's streams, which come
+  before the items (a stream's finish after its last token).
 
 Times are ``time.monotonic()`` values: the clock is shared by every process of one machine.
 """

@@ -93,8 +93,8 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self.on_model_change: ModelChange | None = None
-        # changes this process's trace settings (model, parsed settings): Tracer.update
-        self.on_trace_change: Callable[[str, Any], None] | None = None
+        # by op ("trace", "log"): applies a settings change (model, parsed settings) here
+        self.on_settings: dict[str, Callable[[str, Any], None]] = {}
 
     async def start(self) -> None:
         """Connect to the engine process.
@@ -246,9 +246,8 @@ class EngineClient:
         error = None
         try:
             op, model = str(change["op"]), str(change["model"])
-            if op == "trace":
-                if self.on_trace_change is not None:
-                    self.on_trace_change(model, change["settings"])
+            if op in self.on_settings:
+                self.on_settings[op](model, change["settings"])
             elif self.on_model_change is not None:
                 await self.on_model_change(op, model)
         except Exception as err:

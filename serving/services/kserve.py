@@ -24,6 +24,7 @@ from serving.kserve.signature import platform, signature
 from serving.kserve.statistics import model_statistics
 from serving.kserve.stream import stream_responses
 from serving.kserve.triton_config import SERVER_NAME, model_config, model_ready, server_version
+from serving.log_settings import PARAMETERS, LogChanges, LogControl, LogSettings, parse_log_changes
 from serving.metrics import ServingMetrics
 from serving.model_control import ModelControl
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -40,10 +41,11 @@ _END = object()
 # ModelStatistics ("statistics"; perf_analyzer asks for the server's own figures only where it
 # is listed), the request parameters "priority" and "timeout" ("schedule_policy"), and
 # "system_shared_memory" where it is on, "model_repository" and
-# "model_repository(unload_dependents)" with model control, and request traces ("trace").
-# Not listed: what it leaves out (cuda_shared_memory, logging).
+# "model_repository(unload_dependents)" with model control, request traces ("trace") and log
+# settings ("logging"). Not listed: what it leaves out (cuda_shared_memory).
 EXTENSIONS = (
     "classification",
+    "logging",
     "model_configuration",
     "parameters",
     "schedule_policy",
@@ -52,6 +54,16 @@ EXTENSIONS = (
 )
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
 MODEL_CONTROL_EXTENSIONS = ("model_repository", "model_repository(unload_dependents)")
+
+
+def _parameter(name: str, value: Any) -> Any:
+    """A LogSettings value as Python's bool, int or str."""
+    choice = value.WhichOneof("parameter_choice")
+    if choice is None:
+        raise InvalidArgument(
+            f"{name} has no value: set its bool_param, uint32_param or string_param"
+        )
+    return getattr(value, choice)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -67,7 +79,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     false while the server shuts down); inference is refused with UNAVAILABLE then.
     ``regions``: the server's system shared memory regions (None: the extension is off);
     ``control``: its model control (None: off, ``--model-control-mode none``); ``traces``: how
-    its trace settings change (None: in this process only).
+    its trace settings change (None: in this process only); ``logs``: how its log settings
+    change (None: kept here, this process's logging untouched).
     """
 
     def __init__(
@@ -78,11 +91,13 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         regions: shared_memory.SharedMemoryRegions | None = None,
         control: ModelControl | None = None,
         traces: TraceControl | None = None,
+        logs: LogChanges | None = None,
     ) -> None:
         super().__init__(repository, metrics, state)
         self.regions = regions
         self.control = control
         self.traces = traces or LocalTraceControl(state.tracer)
+        self.logs = logs or LogChanges(LogControl(LogSettings()))
         self.extensions = sorted(
             [
                 *EXTENSIONS,
@@ -205,6 +220,19 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         response = pb.TraceSettingResponse()
         for key, values in self.traces.tracer.settings(name).items():
             response.settings[key].value.extend(values)
+        return response
+
+    # --- log settings ---------------------------------------------------------------------------
+    @unary("LogSettings", lambda r: "", refuse_when_draining=False)
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any):
+        changes = parse_log_changes(
+            {name: _parameter(name, value) for name, value in request.settings.items()}
+        )
+        if changes:
+            await self.logs.update(changes)
+        response = pb.LogSettingsResponse()
+        for name, value in self.logs.control.settings.values().items():
+            setattr(response.settings[name], PARAMETERS[type(value)], value)
         return response
 
     # --- system shared memory -------------------------------------------------------------------

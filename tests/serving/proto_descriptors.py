@@ -64,6 +64,7 @@ TRITON_METHODS = {
         for rpc in ("Status", "Register", "Unregister")
     },
     "TraceSetting": ("TraceSettingRequest", "TraceSettingResponse", False, False),
+    "LogSettings": ("LogSettingsRequest", "LogSettingsResponse", False, False),
 }
 
 # Every message and field of our `inference` package, transcribed from Triton's
@@ -171,6 +172,14 @@ TraceSettingRequest model_name 2 string
 TraceSettingRequest.SettingValue value 1 repeated string
 TraceSettingResponse settings 1 map<string, TraceSettingResponse.SettingValue>
 TraceSettingResponse.SettingValue value 1 repeated string
+LogSettingsRequest settings 1 map<string, LogSettingsRequest.SettingValue>
+LogSettingsRequest.SettingValue bool_param 1 bool
+LogSettingsRequest.SettingValue uint32_param 2 uint32
+LogSettingsRequest.SettingValue string_param 3 string
+LogSettingsResponse settings 1 map<string, LogSettingsResponse.SettingValue>
+LogSettingsResponse.SettingValue bool_param 1 bool
+LogSettingsResponse.SettingValue uint32_param 2 uint32
+LogSettingsResponse.SettingValue string_param 3 string
 RepositoryIndexRequest repository_name 1 string
 RepositoryIndexRequest ready 2 bool
 RepositoryIndexResponse models 1 repeated RepositoryIndexResponse.ModelIndex

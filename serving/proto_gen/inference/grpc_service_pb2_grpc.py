@@ -115,6 +115,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
                 response_deserializer=inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
                 _registered_method=True)
+        self.LogSettings = channel.unary_unary(
+                '/inference.GRPCInferenceService/LogSettings',
+                request_serializer=inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -236,6 +241,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LogSettings(self, request, context):
+        """Read and change the server's log settings (README: KServe v2 / log settings).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -318,6 +330,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.TraceSetting,
                     request_deserializer=inference_dot_grpc__service__pb2.TraceSettingRequest.FromString,
                     response_serializer=inference_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
+            ),
+            'LogSettings': grpc.unary_unary_rpc_method_handler(
+                    servicer.LogSettings,
+                    request_deserializer=inference_dot_grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=inference_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -753,6 +770,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/TraceSetting',
             inference_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
             inference_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LogSettings(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/LogSettings',
+            inference_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            inference_dot_grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

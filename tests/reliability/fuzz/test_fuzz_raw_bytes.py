@@ -33,6 +33,9 @@ GOOD_MESSAGES = [
         model_name="vit",
         settings={"trace_level": kpb.TraceSettingRequest.SettingValue(value=["TIMESTAMPS"])},
     ).SerializeToString(),
+    kpb.LogSettingsRequest(
+        settings={"log_format": kpb.LogSettingsRequest.SettingValue(string_param="ISO8601")}
+    ).SerializeToString(),
 ]
 METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-stream
     ("/attnserve.v1.AttnServe/Translate", "uu"),
@@ -58,6 +61,7 @@ METHODS = [  # (method, shape): uu unary-unary, us unary-stream, ss stream-strea
     ("/grpc.health.v1.Health/Check", "uu"),
     ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "ss"),
     ("/inference.GRPCInferenceService/TraceSetting", "uu"),
+    ("/inference.GRPCInferenceService/LogSettings", "uu"),
     ("/inference.GRPCInferenceService/RepositoryModelLoad", "uu"),
     ("/inference.GRPCInferenceService/RepositoryModelUnload", "uu"),
 ]

@@ -34,6 +34,7 @@ def test_live_ready_and_server_metadata(stub: pb_grpc.GRPCInferenceServiceStub) 
     assert meta.name == "attnserve" and meta.version
     assert list(meta.extensions) == [
         "classification",
+        "logging",
         "model_configuration",
         "parameters",
         "schedule_policy",
