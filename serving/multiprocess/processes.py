@@ -40,12 +40,6 @@ from serving.server_config import ServerConfig
 from serving.trace_control import RemoteTraceControl
 from serving.tracing import Tracer
 
-
-def process_logs(config: ServerConfig) -> LogControl:
-    """This process's log settings, over the handlers ``logging.basicConfig`` gave it."""
-    return LogControl(LogSettings.for_level(config.log_level), logging.getLogger().handlers)
-
-
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
 
@@ -54,6 +48,11 @@ def _setup(config: ServerConfig, title: str) -> None:
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_process_title(title)
+
+
+def process_logs(config: ServerConfig) -> LogControl:
+    """This process's log settings, over the handlers ``logging.basicConfig`` gave it."""
+    return LogControl(LogSettings.for_level(config.log_level), logging.getLogger().handlers)
 
 
 def _stop_event() -> asyncio.Event:
