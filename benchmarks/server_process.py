@@ -123,7 +123,8 @@ class ServeProcess:
         return code, "".join(self.output)
 
     def stop(self) -> int | None:
-        """SIGTERM, wait (kill after 30 s); the exit code (None when it never started)."""
+        """SIGTERM, wait (kill after 30 s); the exit code (None when it never started). The
+        output is read to its end then."""
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -133,6 +134,8 @@ class ServeProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
         return self.process.returncode
 
     def __enter__(self) -> ServeProcess:

@@ -272,11 +272,10 @@ def ensure_shipped_repository(repository: Path) -> None:
 
 async def _serve(config: ServerConfig) -> int:
     from serving.gc_policy import settle
-    from serving.log_settings import LogChanges, LogControl, LogSettings
+    from serving.log_settings import LogChanges, LogControl
     from serving.server import create_server
 
-    handlers = logging.getLogger().handlers  # basicConfig's: LogSettings changes them
-    logs = LogChanges(LogControl(LogSettings.for_level(config.log_level), handlers))
+    logs = LogChanges(LogControl.of_process(config.log_level))
     running = await create_server(config, logs=logs)
     settle(config.gc_freeze, config.gc_gen0_threshold)
     metrics = (

@@ -112,6 +112,12 @@ class LogControl(logging.Filter):
         self._formats = {id(h): getattr(h.formatter, "_fmt", None) for h in self.handlers}
         self.apply()
 
+    @classmethod
+    def of_process(cls, level: str) -> LogControl:
+        """``attnserve serve``'s (each of its processes'): from ``--log-level``, over the
+        handlers ``logging.basicConfig`` gave the process."""
+        return cls(LogSettings.for_level(level), logging.getLogger().handlers)
+
     def filter(self, record: logging.LogRecord) -> bool:
         return self.settings.passes(record.levelno)
 

@@ -32,7 +32,7 @@ from serving.services.common import ServerState
 from serving.services.health import HealthServicer
 from serving.services.kserve import KServeServicer
 from serving.services.parsing import StrictParsing
-from serving.trace_control import LocalTraceControl, TraceControl
+from serving.trace_control import TraceChanges
 from serving.tracing import Tracer
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ async def create_server(
     metrics: ServingMetrics | None = None,
     reuse_port: bool = False,
     control: ModelControl | None = None,
-    traces: TraceControl | None = None,
+    traces: TraceChanges | None = None,
     logs: LogChanges | None = None,
 ) -> RunningServer:
     """Load the repository and start serving on ``config.host:config.port`` (0 = a free port).
@@ -138,11 +138,11 @@ async def create_server(
     if control is None and config.model_control_mode == "explicit":
         control = LocalModelControl(repository, config.grace_period_s)
     server = _grpc_server(config, tokens, reuse_port)
-    traces = traces or LocalTraceControl(Tracer(config.trace_settings()))
+    traces = traces or TraceChanges(Tracer(config.trace_settings()))
     state = ServerState(traces.tracer)
     logs = logs or LogChanges(LogControl(LogSettings.for_level(config.log_level)))
     regions, own_folder = _shared_memory(config)
-    health = _add_services(server, repository, metrics, state, regions, control, (traces, logs))
+    health = _add_services(server, repository, metrics, state, regions, control, traces, logs)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -216,14 +216,15 @@ def _add_services(
     state: ServerState,
     regions: SharedMemoryRegions | None,
     control: ModelControl | None,
-    settings: tuple[TraceControl, LogChanges],
+    traces: TraceChanges,
+    logs: LogChanges,
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state, regions, control, *settings), server
+        KServeServicer(repository, metrics, state, regions, control, traces, logs), server
     )
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

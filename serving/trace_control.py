@@ -5,44 +5,30 @@ In one process the change is made to its ``Tracer``. With several frontend proce
 that took the call checks the change against its own tracer, then the engine process has every
 frontend apply it (``trace`` message, ``model`` item with op ``trace``; see
 ``serving.multiprocess.protocol``) and answers once all have: each frontend samples requests and
-writes traces on its own, with the same settings.
+writes traces on its own, with the same settings. (``serving.log_settings.LogChanges`` does the
+same for the log settings.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 from serving.tracing import Changes, Tracer
 
 
-class TraceControl(Protocol):
-    """What the ``TraceSetting`` RPC needs: the process's tracer, and how to change it."""
+class TraceChanges:
+    """How ``TraceSetting`` changes the settings of ``tracer`` (this process's): here, or with
+    ``client`` (a frontend's ``EngineClient``, whose ``on_settings["trace"]`` applies it here),
+    in every frontend through the engine process."""
 
-    tracer: Tracer
-
-    async def update(self, model: str, changes: Changes) -> None: ...
-
-
-class LocalTraceControl:
-    """A one-process server's: the change is made here."""
-
-    def __init__(self, tracer: Tracer) -> None:
-        self.tracer = tracer
-
-    async def update(self, model: str, changes: Changes) -> None:
-        self.tracer.update(model, changes)
-
-
-class RemoteTraceControl:
-    """A frontend process's: checked here, then made in every frontend through the engine
-    process (``client``: the frontend's ``EngineClient``, whose ``on_trace_change`` makes it
-    here)."""
-
-    def __init__(self, tracer: Tracer, client: Any) -> None:
+    def __init__(self, tracer: Tracer, client: Any = None) -> None:
         self.tracer = tracer
         self.client = client
 
     async def update(self, model: str, changes: Changes) -> None:
         """Raises InvalidArgument (nothing changed anywhere), or what the engine answered."""
+        if self.client is None:
+            self.tracer.update(model, changes)
+            return
         self.tracer.check(model, changes)
         await self.client.ask({"t": "trace", "model": model, "settings": changes})

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from contract.model_config import ClassifierConfig, ModelConfig
 from serving.gc_policy import settle
-from serving.log_settings import LogChanges, LogControl, LogSettings
+from serving.log_settings import LogChanges, LogControl
 from serving.metrics import ServingMetrics
 from serving.model_control import RemoteModelControl, frontend_changes
 from serving.multiprocess.engine_server import EngineServer
@@ -37,7 +37,7 @@ from serving.repository import ModelFactory, ModelRepository, RepositoryError
 from serving.served import ServedClassifier, ServedGenerator, ServedModel
 from serving.server import create_server
 from serving.server_config import ServerConfig
-from serving.trace_control import RemoteTraceControl
+from serving.trace_control import TraceChanges
 from serving.tracing import Tracer
 
 log = logging.getLogger(__name__)
@@ -48,11 +48,6 @@ def _setup(config: ServerConfig, title: str) -> None:
     logging.basicConfig(level=config.log_level, format=LOG_FORMAT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_process_title(title)
-
-
-def process_logs(config: ServerConfig) -> LogControl:
-    """This process's log settings, over the handlers ``logging.basicConfig`` gave it."""
-    return LogControl(LogSettings.for_level(config.log_level), logging.getLogger().handlers)
 
 
 def _stop_event() -> asyncio.Event:
@@ -78,7 +73,8 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
         raise SystemExit(1) from err
     await repository.start()
     settle(config.gc_freeze, config.gc_gen0_threshold)
-    server = EngineServer(repository, address, config.grace_period_s, process_logs(config))
+    logs = LogControl.of_process(config.log_level)
+    server = EngineServer(repository, address, config.grace_period_s, logs)
     await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
@@ -128,7 +124,7 @@ async def _frontend(
         control = RemoteModelControl(client) if config.model_control_mode == "explicit" else None
         # each frontend samples and writes its own traces: <trace_file>.frontend<index>
         tracer = Tracer(config.trace_settings(), suffix=f".frontend{index}")
-        logs = process_logs(config)
+        logs = LogControl.of_process(config.log_level)
         client.on_settings = {"trace": tracer.update, "log": lambda _, s: logs.update(s)}
         running = await create_server(
             own,
@@ -136,7 +132,7 @@ async def _frontend(
             metrics,
             reuse_port=True,
             control=control,
-            traces=RemoteTraceControl(tracer, client),
+            traces=TraceChanges(tracer, client),
             logs=LogChanges(logs, client),
         )
         settle(config.gc_freeze, config.gc_gen0_threshold)

@@ -24,7 +24,7 @@ from serving.kserve.signature import platform, signature
 from serving.kserve.statistics import model_statistics
 from serving.kserve.stream import stream_responses
 from serving.kserve.triton_config import SERVER_NAME, model_config, model_ready, server_version
-from serving.log_settings import PARAMETERS, LogChanges, LogControl, LogSettings, parse_log_changes
+from serving.log_settings import PARAMETERS, LogChanges, parse_log_changes
 from serving.metrics import ServingMetrics
 from serving.model_control import ModelControl
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -32,7 +32,7 @@ from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.repository import check_model_name
 from serving.served import ServedModel
 from serving.services.common import ServerState, Servicer, deadline_of, served_call, unary
-from serving.trace_control import LocalTraceControl, TraceControl
+from serving.trace_control import TraceChanges
 from serving.tracing import parse_changes
 
 _END = object()
@@ -78,9 +78,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     Health and metadata answer while the server drains (Triton: live stays true and ready turns
     false while the server shuts down); inference is refused with UNAVAILABLE then.
     ``regions``: the server's system shared memory regions (None: the extension is off);
-    ``control``: its model control (None: off, ``--model-control-mode none``); ``traces``: how
-    its trace settings change (None: in this process only); ``logs``: how its log settings
-    change (None: kept here, this process's logging untouched).
+    ``control``: its model control (None: off, ``--model-control-mode none``); ``traces`` and
+    ``logs``: how its trace and log settings change (``TraceSetting``, ``LogSettings``).
     """
 
     def __init__(
@@ -88,16 +87,16 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         repository: Any,
         metrics: ServingMetrics,
         state: ServerState,
-        regions: shared_memory.SharedMemoryRegions | None = None,
-        control: ModelControl | None = None,
-        traces: TraceControl | None = None,
-        logs: LogChanges | None = None,
+        regions: shared_memory.SharedMemoryRegions | None,
+        control: ModelControl | None,
+        traces: TraceChanges,
+        logs: LogChanges,
     ) -> None:
         super().__init__(repository, metrics, state)
         self.regions = regions
         self.control = control
-        self.traces = traces or LocalTraceControl(state.tracer)
-        self.logs = logs or LogChanges(LogControl(LogSettings()))
+        self.traces = traces
+        self.logs = logs
         self.extensions = sorted(
             [
                 *EXTENSIONS,

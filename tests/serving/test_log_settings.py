@@ -16,17 +16,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.server_process import ServeProcess
 from serving.errors import InvalidArgument
 from serving.log_settings import TYPES, LogControl, LogSettings, parse_log_changes
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.reliability.harness import says_what_to_fix
+from tests.serving.frontends import two_frontends
 from tests.serving.server_thread import ServerThread
 
 TIMEOUT = 60
 TRITON = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=2.50')"
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # a connection (frontend) of its own
 Stub = pb_grpc.GRPCInferenceServiceStub
 DEFAULTS = {
     "log_file": "",
@@ -176,18 +175,15 @@ def test_tritonclient_reads_and_changes_log_settings(tiny_repository: Path) -> N
 
 
 def test_two_frontends_and_the_engine_get_one_change(tiny_repository: Path) -> None:
-    server = ServeProcess(
-        tiny_repository,
-        *("--metrics-port", "-1", "--frontend-workers", "2", "--models", "vit"),
-    ).start()
-    try:
-        channels = [grpc.insecure_channel(server.address, options=OWN_CONNECTION) for _ in range(6)]
-        stubs = [Stub(channel) for channel in channels]
-        assert log_settings(stubs[0], log_verbose_level=1)["log_verbose_level"] == 1
-        assert all(log_settings(stub)["log_verbose_level"] == 1 for stub in stubs)
+    with two_frontends(tiny_repository, "--model-control-mode", "explicit") as (server, stubs):
+        assert log_settings(stubs[0], log_format="ISO8601")["log_format"] == "ISO8601"
+        assert all(log_settings(stub)["log_format"] == "ISO8601" for stub in stubs)
+        # a reload logs in the engine process and in each frontend: all in ISO 8601 now
+        stubs[1].RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="vit"), timeout=60)
+        for process in ("engine", "frontend-0", "frontend-1"):
+            assert server.saw(f"Z attnserve-{process} INFO loaded vit", timeout=10), process
         assert log_settings(stubs[3], log_info=False)["log_info"] is False
         assert all(log_settings(stub)["log_info"] is False for stub in stubs)
-        for channel in channels:
-            channel.close()
-    finally:
-        assert server.stop() == 0
+        stubs[4].RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="vit"), timeout=60)
+    loaded = [line for line in server.output if "INFO loaded vit" in line]
+    assert len(loaded) == 3 + 3  # at the start, and at the first reload only

@@ -28,7 +28,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attnserve_cli
-from benchmarks.server_process import ServeProcess
 from serving.errors import InvalidArgument
 from serving.kserve.model_control import check_load_parameters, check_unload_parameters
 from serving.kserve.tensors import decode_outputs, input_tensor
@@ -38,11 +37,11 @@ from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.repository import UNLOADED
 from tests.reliability.harness import copy_repository
+from tests.serving.frontends import two_frontends
 from tests.serving.server_thread import ServerThread
 
 TIMEOUT = 60
 TRITON = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=2.50')"
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # a connection (frontend) of its own
 Stub = pb_grpc.GRPCInferenceServiceStub
 
 
@@ -310,14 +309,7 @@ def test_off_by_default(tiny_repository: Path) -> None:
 
 
 def test_two_frontends_apply_a_change_before_it_returns(repository: Path) -> None:
-    server = ServeProcess(
-        repository,
-        *("--metrics-port", "-1", "--frontend-workers", "2", "--models", "vit"),
-        *("--model-control-mode", "explicit"),
-    ).start()
-    try:
-        channels = [grpc.insecure_channel(server.address, options=OWN_CONNECTION) for _ in range(6)]
-        stubs = [Stub(channel) for channel in channels]
+    with two_frontends(repository, "--model-control-mode", "explicit") as (_, stubs):
         for round_ in range(2):  # load, unload, load again through different connections
             load(stubs[round_], "translator")
             assert all(translate(stub) for stub in stubs)
@@ -330,10 +322,6 @@ def test_two_frontends_apply_a_change_before_it_returns(repository: Path) -> Non
         code, details = refused(load, stubs[1], "nothing")
         assert code == grpc.StatusCode.NOT_FOUND and "has no entry 'nothing'" in details
         assert all(translate(stub) for stub in stubs)
-        for channel in channels:
-            channel.close()
-    finally:
-        assert server.stop() == 0
 
 
 def parameter_maps() -> st.SearchStrategy[dict[str, pb.ModelRepositoryParameter]]:

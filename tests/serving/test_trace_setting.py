@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import attnserve_cli
-from benchmarks.server_process import ServeProcess
 from contract.images import encode_png
 from models.data import digits
 from serving.kserve.tensors import input_tensor
@@ -22,11 +21,11 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as apb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as apb_grpc
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
+from tests.serving.frontends import two_frontends
 from tests.serving.server_thread import ServerThread
 
 TIMEOUT = 60
 TRITON = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=2.50')"
-OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # a connection (frontend) of its own
 ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
 Stub = pb_grpc.GRPCInferenceServiceStub
 
@@ -216,14 +215,7 @@ def grpc_input(grpcclient: Any) -> Any:
 
 def test_two_frontends_share_one_setting(tiny_repository: Path, tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
-    server = ServeProcess(
-        tiny_repository,
-        *("--metrics-port", "-1", "--frontend-workers", "2", "--models", "vit"),
-        *("--trace-file", str(path)),
-    ).start()
-    try:
-        channels = [grpc.insecure_channel(server.address, options=OWN_CONNECTION) for _ in range(6)]
-        stubs = [Stub(channel) for channel in channels]
+    with two_frontends(tiny_repository, "--trace-file", str(path)) as (_, stubs):
         assert trace_setting(stubs[0], trace_level=["TIMESTAMPS"], trace_rate=["1"])
         for stub in stubs:  # every frontend has it once the call returned
             assert trace_setting(stub)["trace_level"] == ["TIMESTAMPS"]
@@ -232,10 +224,6 @@ def test_two_frontends_share_one_setting(tiny_repository: Path, tmp_path: Path) 
         code, _ = refused(stubs[1], {"trace_rate": ["0"]})
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert all(trace_setting(stub)["trace_rate"] == ["1"] for stub in stubs)
-        for channel in channels:
-            channel.close()
-    finally:
-        assert server.stop() == 0
     files = sorted(tmp_path.glob("trace.json*"))
     assert files and {f.name for f in files} <= {"trace.json.frontend0", "trace.json.frontend1"}
     traces = traces_in(*files)
