@@ -366,11 +366,12 @@ def start_metrics_http_server(
 def multiprocess_registry(directory: str) -> CollectorRegistry:
     """A registry that adds up the metrics every process wrote under ``directory``
     (prometheus-client's multiprocess mode: each process sets ``PROMETHEUS_MULTIPROC_DIR`` to it
-    before importing prometheus_client)."""
-    from prometheus_client import multiprocess
+    before importing prometheus_client). A file that cannot be read is left out of a scrape
+    rather than failing it (``TolerantCollector``)."""
+    from serving.multiprocess.metric_files import TolerantCollector
 
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=directory)
+    TolerantCollector(registry, path=directory)
     return registry
 
 
