@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV
-from serving.server_config import ServerConfig
+from serving.server_config import MODEL_CONTROL_MODES, ServerConfig
 
 SHIPPED_PLAN = Path(__file__).resolve().parent.parent / "export" / "plans" / "shipped.yaml"
 DEFAULTS = ServerConfig()
@@ -111,10 +111,17 @@ def _add_serve_parser(subparsers: Any) -> None:
     )
     serve.add_argument(
         "--model-control-mode",
-        choices=("none", "explicit"),
+        choices=MODEL_CONTROL_MODES,
         help="explicit: load, reload and unload models while the server runs (KServe "
         "RepositoryModelLoad / RepositoryModelUnload, tritonclient's load_model / unload_model); "
-        "default none",
+        "poll: load new entries of the repository folder, reload changed ones and unload "
+        "removed ones as they appear; default none",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        help="with --model-control-mode poll: seconds between looks at the repository folder "
+        f"(default {DEFAULTS.repository_poll_secs:g})",
     )
     trace = serve.add_argument_group(
         "request traces in Triton's format (README: KServe v2 / request traces); the KServe "

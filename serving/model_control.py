@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from serving.errors import Internal, NotFound
 from serving.gc_policy import release
-from serving.repository import ModelRepository
+from serving.repository import REMOVED, UNLOADED, ModelRepository
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ class ModelControl(Protocol):
     async def unload(self, name: str) -> None: ...
 
 
-# tells the other processes of a change (op "load" | "unload", the model's name) and waits
-# until they have applied it; the errors they reported
+# tells the other processes of a change (op "load" | "unload" | "remove": an unload because the
+# entry left the repository folder; the model's name) and waits until they have applied it; the
+# errors they reported
 Announce = Callable[[str, str], Awaitable[list[str]]]
 
 
@@ -65,9 +66,11 @@ class LocalModelControl:
         stopped (see ``ModelRepository.load_model`` for the errors)."""
         await _to_the_end(self._load(name))
 
-    async def unload(self, name: str) -> None:
-        """Stop serving ``name``; returns once it has stopped (``ModelRepository.withdraw``)."""
-        await _to_the_end(self._unload(name))
+    async def unload(self, name: str, removed: bool = False) -> None:
+        """Stop serving ``name``; returns once it has stopped (``ModelRepository.withdraw``).
+        ``removed``: because its entry left the repository folder (model polling), which is
+        the reason NOT_FOUND then gives."""
+        await _to_the_end(self._unload(name, removed))
 
     async def _load(self, name: str) -> None:
         async with self.repository.control:
@@ -79,13 +82,14 @@ class LocalModelControl:
                 release()
         _raise_for(errors, "load", name)
 
-    async def _unload(self, name: str) -> None:
+    async def _unload(self, name: str, removed: bool) -> None:
         async with self.repository.control:
             self.repository.get(name)  # NotFound where it is not served
             # the other processes stop sending requests for it first: those they sent before
             # reach it here
-            errors = await self.announce("unload", name)
-            model = self.repository.withdraw(name)
+            op = "remove" if removed else "unload"
+            errors = await self.announce(op, name)
+            model = self.repository.withdraw(name, REMOVED if removed else UNLOADED)
             await model.stop(self.grace)
             del model
             release()
@@ -129,9 +133,9 @@ class RemoteModelControl:
 
 
 def frontend_changes(repository: ModelRepository) -> Callable[[str, str], Awaitable[None]]:
-    """How a frontend applies the engine process's model change (``op`` "load" | "unload",
-    the model's name) to its own models: the entry's config and tokenizer loaded (the graphs
-    stay in the engine process), or the model dropped."""
+    """How a frontend applies the engine process's model change (``op`` "load" | "unload" |
+    "remove", the model's name) to its own models: the entry's config and tokenizer loaded (the
+    graphs stay in the engine process), or the model dropped."""
 
     async def apply(op: str, name: str) -> None:
         async with repository.control:
@@ -139,7 +143,7 @@ def frontend_changes(repository: ModelRepository) -> Callable[[str, str], Awaita
                 await repository.load_model(name)
             else:
                 with contextlib.suppress(NotFound):  # not served here: nothing to drop
-                    repository.withdraw(name)
+                    repository.withdraw(name, REMOVED if op == "remove" else UNLOADED)
         release()
 
     return apply

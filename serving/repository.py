@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 ModelFactory = Callable[[ModelConfig, Path], ServedModel]
 NOT_LOADED = "not loaded: the server serves only the models its `models` setting names"
 UNLOADED = "unloaded (RepositoryModelUnload)"
+REMOVED = "unloaded: its entry left the repository folder"
+EXPLICIT_HINT = (
+    "RepositoryModelLoad loads it on a server started with --model-control-mode explicit"
+)
 
 
 class RepositoryError(ValueError):
@@ -147,6 +151,8 @@ class ModelRepository:
         self._reasons: dict[str, str] = dict.fromkeys(not_loaded, NOT_LOADED)
         # held by whoever loads or unloads (one at a time; ``serving.model_control``)
         self.control = asyncio.Lock()
+        # how a model that is not served gets served (NOT_FOUND says it; set by model polling)
+        self.load_hint = EXPLICIT_HINT
 
     @classmethod
     def load(
@@ -173,7 +179,7 @@ class ModelRepository:
                 f"model repository {root} does not exist; export models into it with "
                 "`attnserve export KIND --out REPOSITORY`"
             )
-        entries = _entries(root)
+        entries = model_entries(root)
         not_loaded: tuple[str, ...] = ()
         if names:
             missing = sorted(set(names) - {p.name for p in entries})
@@ -204,8 +210,7 @@ class ModelRepository:
             reason = self._reasons.get(name)
             if reason is not None:
                 raise NotFound(
-                    f"model {name!r} is not served ({reason}); RepositoryModelLoad loads it on "
-                    f"a server started with --model-control-mode explicit; served: {known}"
+                    f"model {name!r} is not served ({reason}); {self.load_hint}; served: {known}"
                 )
             raise NotFound(f"no model named {name[:100]!r}; this server has: {known}")
         return model
@@ -216,7 +221,7 @@ class ModelRepository:
     def unserved(self) -> dict[str, str]:
         """The entries of the repository directory that are not served, with the reason."""
         try:
-            names = [p.name for p in _entries(self.root)] if self.root is not None else []
+            names = [p.name for p in model_entries(self.root)] if self.root is not None else []
         except OSError:  # the directory went away
             names = []
         return {
@@ -270,8 +275,8 @@ class ModelRepository:
         kept = " (the version loaded before stays served)" if name in self._models else ""
         return FailedPrecondition(f"{err}; fix the entry and load it again{kept}")
 
-    def withdraw(self, name: str) -> ServedModel:
-        """Stop serving ``name`` to new requests (NOT_FOUND, saying it was unloaded; the caller
+    def withdraw(self, name: str, reason: str = UNLOADED) -> ServedModel:
+        """Stop serving ``name`` to new requests (NOT_FOUND, saying why: ``reason``; the caller
         holds ``control``); returns the model for the caller to stop (requests already running
         finish on it).
 
@@ -284,7 +289,7 @@ class ModelRepository:
         if model is None:
             self.get(name)  # raises, saying why it is not served
         assert model is not None
-        self._reasons[name] = UNLOADED
+        self._reasons[name] = reason
         return model
 
     def _entry(self, name: str) -> Path:
@@ -298,7 +303,7 @@ class ModelRepository:
         return entry
 
 
-def _entries(root: Path) -> list[Path]:
+def model_entries(root: Path) -> list[Path]:
     """The model entries of a repository directory (folders with a config.yaml), by name."""
     return sorted(p for p in root.iterdir() if (p / CONFIG_FILE).is_file())
 

@@ -22,6 +22,7 @@ from serving.kserve.shared_memory import SharedMemoryRegions
 from serving.log_settings import LogChanges, LogControl, LogSettings
 from serving.metrics import MetricsServer, ServingMetrics
 from serving.model_control import LocalModelControl, ModelControl
+from serving.model_poll import PolledModelControl, RepositoryPoller
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
@@ -60,6 +61,7 @@ class RunningServer:
     tls: bool = False  # the gRPC port speaks TLS
     authenticated: bool = False  # calls need a bearer token (health and reflection excepted)
     own_folder: Path | None = None  # removed on stop (this server's shared memory registry)
+    poller: RepositoryPoller | None = None  # follows the repository folder (model control poll)
 
     @property
     def address(self) -> str:
@@ -79,6 +81,8 @@ class RunningServer:
         """
         self.state.draining = True
         await _set_health(self.health, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.poller is not None:
+            await self.poller.stop()
         deadline = time.monotonic() + grace
         while self.state.active and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
@@ -120,10 +124,11 @@ async def create_server(
     ``repository`` and ``metrics`` default to loading ``config.repository`` here with fresh
     metrics; ``reuse_port`` lets several frontend processes listen on the same port;
     ``control`` (a frontend's) defaults to loading models here where
-    ``config.model_control_mode`` is explicit; ``traces`` (a frontend's) defaults to tracing
-    here with ``config``'s trace settings; ``logs`` (what ``LogSettings`` changes) defaults to
-    settings kept and answered without touching this process's logging (``attnserve serve``
-    passes its own handlers).
+    ``config.model_control_mode`` is explicit, and to following the repository folder here
+    where it is poll (``serving.model_poll``; a frontend's engine process does that);
+    ``traces`` (a frontend's) defaults to tracing here with ``config``'s trace settings;
+    ``logs`` (what ``LogSettings`` changes) defaults to settings kept and answered without
+    touching this process's logging (``attnserve serve`` passes its own handlers).
 
     Raises:
         SecurityConfigError: a TLS file or token cannot be used (checked before loading models).
@@ -135,8 +140,13 @@ async def create_server(
     metrics = metrics or ServingMetrics()
     repository = repository or ModelRepository.load(config.repository, metrics, config.models)
     await repository.start()
+    poller = None
     if control is None and config.model_control_mode == "explicit":
         control = LocalModelControl(repository, config.grace_period_s)
+    elif control is None and config.model_control_mode == "poll":
+        local = LocalModelControl(repository, config.grace_period_s)
+        poller = RepositoryPoller(local, config.repository_poll_secs, config.models)
+        control = PolledModelControl(config.repository_poll_secs)
     server = _grpc_server(config, tokens, reuse_port)
     traces = traces or TraceChanges(Tracer(config.trace_settings()))
     state = ServerState(traces.tracer)
@@ -155,6 +165,8 @@ async def create_server(
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
     await server.start()
     await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
+    if poller is not None:
+        poller.start()
     metrics_server, metrics_port = None, None
     if config.metrics_port >= 0:
         metrics_server, metrics_port = metrics.start_http_server(
@@ -180,6 +192,7 @@ async def create_server(
         tls=credentials is not None,
         authenticated=bool(tokens),
         own_folder=own_folder,
+        poller=poller,
     )
 
 

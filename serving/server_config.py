@@ -49,8 +49,12 @@ class ServerConfig:
     # Triton's model control: "explicit" serves RepositoryModelLoad / RepositoryModelUnload
     # (load, reload and unload models while the server runs; serving.model_control); "none":
     # the models loaded at start are served until the server stops, the two RPCs answer
+    # FAILED_PRECONDITION; "poll": the server watches the repository folder every
+    # repository_poll_secs and loads new entries, reloads changed ones and unloads removed ones
+    # (the --models entries only, where given; serving.model_poll), and the two RPCs answer
     # FAILED_PRECONDITION.
     model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
     # Request traces in Triton's format (serving.tracing; README: KServe v2 / request traces):
     # OFF or TIMESTAMPS; one request in trace_rate traced; trace_count traces at most (-1: no
     # limit); written to trace_file (every trace_log_frequency traces to trace_file.<n>; 0: all
@@ -90,9 +94,15 @@ class ServerConfig:
             raise ValueError(f"frontend_shm_mb must be >= 0 (0: off), got {self.frontend_shm_mb}")
         if self.gc_gen0_threshold < 0:
             raise ValueError(f"gc_gen0_threshold must be >= 0, got {self.gc_gen0_threshold}")
-        if self.model_control_mode not in ("none", "explicit"):
+        if self.model_control_mode not in MODEL_CONTROL_MODES:
             raise ValueError(
-                f"model_control_mode must be none or explicit, got {self.model_control_mode!r}"
+                f"model_control_mode must be one of {', '.join(MODEL_CONTROL_MODES)}, got "
+                f"{self.model_control_mode!r}"
+            )
+        if not 0 < self.repository_poll_secs <= 86400:
+            raise ValueError(
+                "repository_poll_secs must be > 0 and at most 86400 (a day), got "
+                f"{self.repository_poll_secs}"
             )
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs TLS: set tls_cert and tls_key too")
@@ -102,6 +112,7 @@ class ServerConfig:
             raise ValueError(str(err)) from err
 
 
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")
 CGROUP = Path("/sys/fs/cgroup")
 # The folder of the system shared memory registry that the frontend processes of one server
 # share (set by the supervisor; a one-process server makes its own and removes it on stop).

@@ -28,7 +28,8 @@ from contract.model_config import ClassifierConfig, ModelConfig
 from serving.gc_policy import settle
 from serving.log_settings import LogChanges, LogControl
 from serving.metrics import ServingMetrics
-from serving.model_control import RemoteModelControl, frontend_changes
+from serving.model_control import ModelControl, RemoteModelControl, frontend_changes
+from serving.model_poll import PolledModelControl, RepositoryPoller, poll_hint
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
 from serving.multiprocess.shm import ARENA_MIN_BYTES
@@ -78,7 +79,13 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
     await server.bind()
     stop = _stop_event()
     ready.send(("ready", [model.name for model in repository.models()]))
+    poller = None
+    if config.model_control_mode == "poll":  # this process follows the folder for all
+        poller = RepositoryPoller(server.control, config.repository_poll_secs, config.models)
+        poller.start()
     await stop.wait()
+    if poller is not None:
+        await poller.stop()
     await server.close()
     await repository.stop(config.grace_period_s)
 
@@ -121,7 +128,7 @@ async def _frontend(
         )
         own = dataclasses.replace(config, metrics_port=-1)  # the supervisor serves /metrics
         client.on_model_change = frontend_changes(repository)
-        control = RemoteModelControl(client) if config.model_control_mode == "explicit" else None
+        control = frontend_control(config, repository, client)
         # each frontend samples and writes its own traces: <trace_file>.frontend<index>
         tracer = Tracer(config.trace_settings(), suffix=f".frontend{index}")
         logs = LogControl.of_process(config.log_level)
@@ -147,6 +154,19 @@ async def _frontend(
     watch.cancel()
     await running.stop(config.grace_period_s)
     await client.close()
+
+
+def frontend_control(
+    config: ServerConfig, repository: ModelRepository, client: EngineClient
+) -> ModelControl | None:
+    """A frontend's model control RPCs: asking the engine process (explicit), refused (poll:
+    the engine process follows the folder), or off."""
+    if config.model_control_mode == "explicit":
+        return RemoteModelControl(client)
+    if config.model_control_mode == "poll":
+        repository.load_hint = poll_hint(config.repository_poll_secs)
+        return PolledModelControl(config.repository_poll_secs)
+    return None
 
 
 async def _report_engine_loss(client: EngineClient, set_serving) -> None:  # type: ignore[no-untyped-def]

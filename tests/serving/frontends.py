@@ -18,13 +18,14 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # a connection (fronte
 
 @contextlib.contextmanager
 def two_frontends(
-    repository: Path, *flags: str, connections: int = 6
+    repository: Path, *flags: str, connections: int = 6, models: tuple[str, ...] = ("vit",)
 ) -> Iterator[tuple[ServeProcess, list[pb_grpc.GRPCInferenceServiceStub]]]:
-    """``attnserve serve --frontend-workers 2 --models vit`` (and ``flags``) with ``connections``
-    stubs; the server must exit 0 on SIGTERM."""
+    """``attnserve serve --frontend-workers 2 --models vit`` (``models``; none: every entry, and
+    ``flags``) with ``connections`` stubs; the server must exit 0 on SIGTERM."""
     server = ServeProcess(
         repository,
-        *("--metrics-port", "-1", "--frontend-workers", "2", "--models", "vit"),
+        *("--metrics-port", "-1", "--frontend-workers", "2"),
+        *(("--models", *models) if models else ()),
         *flags,
     ).start()
     try:

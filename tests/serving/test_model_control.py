@@ -356,13 +356,6 @@ def test_parameter_checks_accept_only_what_is_served(
     assert accepted(check_unload_parameters) == unload_ok
 
 
-def test_the_mode_is_checked() -> None:
-    from serving.server_config import ServerConfig
-
-    with pytest.raises(ValueError, match="model_control_mode must be none or explicit"):
-        ServerConfig(model_control_mode="poll")
-
-
 def test_the_models_command(
     server: ServerThread, stub: Stub, capsys: pytest.CaptureFixture[str]
 ) -> None:

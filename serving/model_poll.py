@@ -1,0 +1,163 @@
+"""Model polling (Triton's ``--model-control-mode poll``): the server looks at its repository
+folder every ``repository_poll_secs`` and follows it.
+
+- An entry that appears (a folder with a ``config.yaml``) is loaded; an entry whose files
+  changed (``config.yaml``, a new version folder, a re-export: any file's size, modification
+  time or inode) is reloaded; a served entry whose folder (or ``config.yaml``) is gone is
+  unloaded. With ``--models`` only those entries are watched.
+- Changes go through model control (``serving.model_control.LocalModelControl``): a reload swaps
+  the new version in once it runs, the old one's requests finish on it, and with several
+  frontend processes the poller runs in the engine process, which has every frontend apply the
+  change.
+- An entry that cannot be loaded is logged (WARNING, with the cause) and listed by
+  RepositoryIndex with ``load failed: ...``; a served model keeps serving the version it had.
+  It is tried again when its files change again, not at every look (an export being written
+  fails, then loads once its files stop changing).
+- The RPCs ``RepositoryModelLoad`` / ``RepositoryModelUnload`` answer FAILED_PRECONDITION, as
+  Triton's do in poll mode: the folder decides what is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+
+from serving.errors import FailedPrecondition, ServingError
+from serving.model_control import LocalModelControl
+from serving.repository import ModelRepository, model_entries
+
+log = logging.getLogger(__name__)
+
+# (path inside the entry, size, modification time ns, inode) of each file of an entry
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def fingerprint(entry: Path) -> Fingerprint:
+    """What model polling compares of an entry: each file's size, modification time and inode
+    (a file replaced by a rename has a new inode even with the old time)."""
+    files = []
+    for folder, _dirs, names in os.walk(entry):
+        for name in names:
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError):  # removed while we look: the next look sees it
+                info = os.stat(path)
+                files.append(
+                    (os.path.relpath(path, entry), info.st_size, info.st_mtime_ns, info.st_ino)
+                )
+    return tuple(sorted(files))
+
+
+def poll_hint(interval: float) -> str:
+    """How a model that is not served gets served on a polling server (NOT_FOUND says it)."""
+    return (
+        "this server loads the repository folder's entries as they appear (model control mode "
+        f"poll, every {interval:g} s): put the entry into the folder"
+    )
+
+
+class RepositoryPoller:
+    """Follows the repository folder of ``control``'s repository every ``interval`` seconds
+    (``start`` / ``stop``; ``look`` once); ``names``: the entries to watch (empty: all)."""
+
+    def __init__(
+        self, control: LocalModelControl, interval: float, names: tuple[str, ...] = ()
+    ) -> None:
+        self.control = control
+        self.repository: ModelRepository = control.repository
+        self.interval = interval
+        self.names = frozenset(names)
+        self.repository.load_hint = poll_hint(interval)
+        # what each entry was when it was last loaded or tried (a failed one is not tried
+        # again until it changes)
+        self._seen: dict[str, Fingerprint] = {
+            model.name: fingerprint(self._root / model.name) for model in self.repository.models()
+        }
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def _root(self) -> Path:
+        assert self.repository.root is not None, "model polling needs a repository folder"
+        return self.repository.root
+
+    def changes(self) -> list[tuple[str, str, Fingerprint | None]]:
+        """What the folder asks for now: ("load", name, its fingerprint) for each new or changed
+        entry, ("unload", name, None) for each served model whose entry is gone."""
+        try:
+            entries = {
+                path.name: fingerprint(path)
+                for path in model_entries(self._root)
+                if not self.names or path.name in self.names
+            }
+        except OSError as err:  # the folder itself is gone or unreadable: change nothing
+            log.warning(
+                "model polling: cannot read %s (%s); serving what is loaded", self._root, err
+            )
+            return []
+        found: list[tuple[str, str, Fingerprint | None]] = [
+            ("load", name, print_)
+            for name, print_ in sorted(entries.items())
+            if self._seen.get(name) != print_
+        ]
+        served = {model.name for model in self.repository.models()}
+        found += [("unload", name, None) for name in sorted(served - set(entries))]
+        return found
+
+    async def look(self) -> list[tuple[str, str]]:
+        """Apply what the folder asks for now; the changes made (op, name), failed ones too."""
+        made = []
+        for op, name, print_ in await asyncio.to_thread(self.changes):
+            try:
+                if op == "load":
+                    self._seen[name] = print_  # type: ignore[assignment]
+                    await self.control.load(name)
+                else:
+                    self._seen.pop(name, None)
+                    await self.control.unload(name, removed=True)
+                log.info("model polling: %sed %s", op, name)
+            except ServingError as err:
+                log.warning("model polling: cannot %s %s: %s", op, name, err)
+            made.append((op, name))
+        return made
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="model-polling")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.look()
+            except Exception:  # never stop polling over one look
+                log.exception("model polling: a look at %s failed", self._root)
+
+    async def stop(self) -> None:
+        """Stop looking; returns once a change under way has ended."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        async with self.repository.control:  # a load or unload under way runs to its end
+            pass
+
+
+class PolledModelControl:
+    """What the model control RPCs get on a polling server: FAILED_PRECONDITION."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+
+    async def load(self, name: str) -> None:
+        raise self._refusal()
+
+    async def unload(self, name: str) -> None:
+        raise self._refusal()
+
+    def _refusal(self) -> FailedPrecondition:
+        return FailedPrecondition(
+            "explicit model load and unload are not allowed in model control mode poll: this "
+            f"server follows its repository folder (every {self.interval:g} s); change the "
+            "folder, or start the server with --model-control-mode explicit"
+        )
