@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -200,11 +201,30 @@ def test_two_frontends_follow_the_engine_processs_polling(
     flags = ("--model-control-mode", "poll", "--repository-poll-secs", str(POLL_S))
     with two_frontends(root, *flags, models=()) as (_server, stubs):
         batch = max_batch(stubs[0], "vit")
-        edit(root / "vit", "limits", max_batch_size=batch // 2)
-        everywhere: Callable[[], bool] = lambda: all(  # noqa: E731
-            max_batch(stub, "vit") == batch // 2 for stub in stubs
-        )
-        assert wait_until(everywhere, TIMEOUT, interval=0.1)
+        calls: list[bool] = []
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def traffic() -> None:  # requests on every connection while the model reloads
+            while not stop.is_set():
+                for stub in stubs:
+                    try:
+                        calls.append(bool(stub.ModelInfer(vit_request(), timeout=TIMEOUT).outputs))
+                    except grpc.RpcError as err:
+                        errors.append(f"{err.code()}: {err.details()}")
+
+        client = threading.Thread(target=traffic)
+        client.start()
+        try:
+            edit(root / "vit", "limits", max_batch_size=batch // 2)
+            everywhere: Callable[[], bool] = lambda: all(  # noqa: E731
+                max_batch(stub, "vit") == batch // 2 for stub in stubs
+            )
+            assert wait_until(everywhere, TIMEOUT, interval=0.1)
+        finally:
+            stop.set()
+            client.join()
+        assert len(calls) >= len(stubs) and all(calls) and not errors, errors
         for stub in stubs:
             assert stub.ModelInfer(vit_request(), timeout=TIMEOUT).outputs
         code, details = refused(load, stubs[0], "vit")
