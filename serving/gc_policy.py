@@ -29,9 +29,10 @@ a reload stayed alive; a 45 s soak with a reload every 2 s grew the server's RSS
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import gc
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,17 @@ def release() -> None:
 
 
 def _malloc_trim() -> None:
-    name = ctypes.util.find_library("c")
+    trim = _trim_function()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _trim_function() -> Any:
+    """glibc's ``malloc_trim`` from the symbols this process has loaded (None: not glibc).
+    Not ``ctypes.util.find_library``: that runs ``ldconfig`` in a child process, a fork of the
+    whole server at every model unload."""
     try:
-        libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):  # not glibc
-        return
-    trim(0)
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None

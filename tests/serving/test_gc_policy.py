@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from serving.gc_policy import release
 from serving.server_config import ServerConfig
 
 PROBE = """
@@ -80,3 +82,16 @@ def test_release_frees_a_frozen_model_and_freezes_what_is_left() -> None:
     assert state["kept_by_freeze"]  # what release is for: no collection looks there
     assert state["freed"]
     assert state["frozen_after"] > 1000 and state["frozen_before"] > 1000  # the rest frozen again
+
+
+def test_release_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding libc through ``ctypes.util.find_library`` ran ``ldconfig``: a fork of the whole
+    engine process at every model unload (seen as a second ``attnserve-eng`` in the soak)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("release() started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+    release()
