@@ -372,6 +372,8 @@ class ClassifierConfig:
     image: ImageSpec  # preprocessing of encoded images
     labels: tuple[str, ...] = ()  # class names in logit order
     onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
+    # KServe ModelInfer answers kept in the server's response cache (serving.response_cache)
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         _instances_need_onnxruntime(self.batching.instances, self.backend)
@@ -395,6 +397,9 @@ class GeneratorConfig:
     # The tokenizer files and the source-text preparation (text in, text out).
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
     onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
+    # KServe ModelInfer answers kept in the server's response cache (serving.response_cache;
+    # a sampled request without a seed never is)
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.input == "image" and self.image is None:

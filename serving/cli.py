@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from serving.errors import InvalidArgument
 from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV
 from serving.server_config import MODEL_CONTROL_MODES, ServerConfig
 
@@ -118,6 +119,14 @@ def _add_serve_parser(subparsers: Any) -> None:
         "removed ones as they appear; default none",
     )
     serve.add_argument(
+        "--cache-config",
+        dest="response_cache_bytes",
+        type=_cache_config,
+        metavar="local,size=BYTES",
+        help="Triton's response cache: keep this many bytes of KServe ModelInfer answers (per "
+        "frontend process) for the models whose config.yaml sets response_cache (default: none)",
+    )
+    serve.add_argument(
         "--repository-poll-secs",
         type=float,
         help="with --model-control-mode poll: seconds between looks at the repository folder "
@@ -154,6 +163,15 @@ def _add_serve_parser(subparsers: Any) -> None:
         help=f"file of accepted bearer tokens, one a line (also: env {AUTH_TOKENS_ENV})",
     )
     serve.set_defaults(handler=run_serve)
+
+
+def _cache_config(text: str) -> int:
+    from serving.response_cache import parse_cache_config
+
+    try:
+        return parse_cache_config(text)
+    except InvalidArgument as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
 
 
 def _priority(text: str) -> int:

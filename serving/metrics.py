@@ -33,6 +33,14 @@ attnserve_active_sequences               gauge      model                sequenc
 attnserve_kv_cache_usage_ratio           gauge      model                KV-cache in use, 0..1
 attnserve_kv_cache_tokens                gauge      model                tokens in the KV-cache
 attnserve_queue_depth                    gauge      model                requests queued now
+attnserve_response_cache_total           counter    model, result        KServe ModelInfer lookups
+                                                                         in the response cache;
+                                                                         result: hit, miss
+attnserve_response_cache_seconds_total   counter    model, result        their time summed (a
+                                                                         hit's answer, a miss's
+                                                                         insertion)
+attnserve_response_cache_bytes           gauge                           bytes the cache holds
+attnserve_response_cache_entries         gauge                           responses it holds
 =======================================  =========  ===================  ==========================
 
 The KServe ``ModelStatistics`` RPC (Triton's statistics) is computed from these same series
@@ -96,6 +104,10 @@ KV_CACHE_USAGE = "attnserve_kv_cache_usage_ratio"
 KV_CACHE_TOKENS = "attnserve_kv_cache_tokens"
 QUEUE_DEPTH = "attnserve_queue_depth"
 FRONTEND_LARGE_ARRAYS = "attnserve_frontend_large_arrays_total"
+RESPONSE_CACHE = "attnserve_response_cache_total"
+RESPONSE_CACHE_SECONDS = "attnserve_response_cache_seconds_total"
+RESPONSE_CACHE_BYTES = "attnserve_response_cache_bytes"
+RESPONSE_CACHE_ENTRIES = "attnserve_response_cache_entries"
 
 # The RPC methods (the ``method`` label) that are inference requests: what Triton's statistics
 # count as requests, and what sets ``attnserve_last_request_timestamp_seconds``.
@@ -128,6 +140,10 @@ METRIC_NAMES: tuple[str, ...] = (
     KV_CACHE_USAGE,
     KV_CACHE_TOKENS,
     QUEUE_DEPTH,
+    RESPONSE_CACHE,
+    RESPONSE_CACHE_SECONDS,
+    RESPONSE_CACHE_BYTES,
+    RESPONSE_CACHE_ENTRIES,
 )
 
 
@@ -252,6 +268,30 @@ class ServingMetrics:
             QUEUE_DEPTH,
             "Requests queued now.",
             ["model"],
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.response_cache = Counter(
+            RESPONSE_CACHE,
+            "Response cache lookups by result: hit, miss.",
+            ["model", "result"],
+            registry=reg,
+        )
+        self.response_cache_seconds = Counter(
+            RESPONSE_CACHE_SECONDS,
+            "Response cache lookups' time summed: a hit's answer, a miss's insertion.",
+            ["model", "result"],
+            registry=reg,
+        )
+        self.response_cache_bytes = Gauge(
+            RESPONSE_CACHE_BYTES,
+            "Bytes the response cache holds.",
+            registry=reg,
+            multiprocess_mode="livesum",
+        )
+        self.response_cache_entries = Gauge(
+            RESPONSE_CACHE_ENTRIES,
+            "Responses the response cache holds.",
             registry=reg,
             multiprocess_mode="livesum",
         )

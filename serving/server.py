@@ -26,6 +26,7 @@ from serving.model_poll import PolledModelControl, RepositoryPoller
 from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
+from serving.response_cache import ResponseCache
 from serving.security import BearerTokenInterceptor, accepted_tokens, server_credentials
 from serving.server_config import REGIONS_FOLDER_ENV, ServerConfig
 from serving.services.attnserve import AttnServeServicer
@@ -149,7 +150,10 @@ async def create_server(
         control = PolledModelControl(config.repository_poll_secs)
     server = _grpc_server(config, tokens, reuse_port)
     traces = traces or TraceChanges(Tracer(config.trace_settings()))
-    state = ServerState(traces.tracer)
+    cache = (
+        ResponseCache(config.response_cache_bytes, metrics) if config.response_cache_bytes else None
+    )
+    state = ServerState(traces.tracer, cache)
     logs = logs or LogChanges(LogControl(LogSettings.for_level(config.log_level)))
     regions, own_folder = _shared_memory(config)
     health = _add_services(server, repository, metrics, state, regions, control, traces, logs)

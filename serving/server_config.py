@@ -64,6 +64,10 @@ class ServerConfig:
     trace_count: int = -1
     trace_file: str = ""
     trace_log_frequency: int = 0
+    # Triton's response cache (serving.response_cache): bytes of KServe ModelInfer answers kept
+    # per frontend process for the models whose config.yaml sets response_cache; 0: no cache
+    # (Triton's flag --cache-config local,size=BYTES sets it too).
+    response_cache_bytes: int = 0
 
     def trace_settings(self) -> TraceSettings:
         return TraceSettings(
@@ -89,6 +93,10 @@ class ServerConfig:
         if self.frontend_workers < 0:
             raise ValueError(
                 f"frontend_workers must be >= 1, or 0 (by the CPUs), got {self.frontend_workers}"
+            )
+        if self.response_cache_bytes < 0:
+            raise ValueError(
+                f"response_cache_bytes must be >= 0 (0: no cache), got {self.response_cache_bytes}"
             )
         if self.frontend_shm_mb < 0:
             raise ValueError(f"frontend_shm_mb must be >= 0 (0: off), got {self.frontend_shm_mb}")

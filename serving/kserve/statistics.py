@@ -26,6 +26,8 @@ inference_count                  ``attnserve_batch_size_sum`` of the model's ent
                                  images its batched calls took in
 execution_count                  ``attnserve_batch_size_count`` of that stage: its batched calls
 last_inference                   ``attnserve_last_request_timestamp_seconds`` in milliseconds
+inference_stats.cache_hit,       ``attnserve_response_cache_total`` (count) and
+cache_miss                       ``attnserve_response_cache_seconds_total`` (ns) by result
 ===============================  ==============================================================
 """
 
@@ -45,6 +47,8 @@ from serving.metrics import (
     REQUEST_COMPUTE,
     REQUEST_SECONDS,
     REQUESTS,
+    RESPONSE_CACHE,
+    RESPONSE_CACHE_SECONDS,
 )
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import ServedModel
@@ -72,6 +76,9 @@ def series_totals(registry: CollectorRegistry) -> defaultdict[tuple[str, ...], f
             elif name in (BATCH_SIZE + "_count", BATCH_SIZE + "_sum"):
                 stage = labels.get("stage", "")
                 totals[("batches", model, stage, name.rsplit("_", 1)[1])] += value
+            elif name in (RESPONSE_CACHE, RESPONSE_CACHE_SECONDS):
+                what = "cache" if name == RESPONSE_CACHE else "cache_seconds"
+                totals[(what, model, labels.get("result", ""))] += value
             elif name == LAST_REQUEST:
                 totals[("last", model)] = max(totals[("last", model)], value)
     return totals
@@ -94,6 +101,12 @@ def _outcome(totals: Totals, model: str, outcome: str) -> pb.StatisticDuration:
     return _duration(totals[("requests", model, outcome)], totals[("seconds", model, outcome)])
 
 
+def _cached(totals: Totals, model: str, result: str) -> pb.StatisticDuration:
+    """The model's response cache lookups that ended ``result`` ("hit" / "miss"), and their
+    time."""
+    return _duration(totals[("cache", model, result)], totals[("cache_seconds", model, result)])
+
+
 def model_statistics(
     registry: CollectorRegistry, models: Iterable[ServedModel]
 ) -> list[pb.ModelStatistics]:
@@ -110,6 +123,8 @@ def model_statistics(
             compute_input=_duration(inferences, 0.0),
             compute_infer=_duration(inferences, totals[("compute", name)]),
             compute_output=_duration(inferences, 0.0),
+            cache_hit=_cached(totals, name, "hit"),
+            cache_miss=_cached(totals, name, "miss"),
         )
         out.append(
             pb.ModelStatistics(

@@ -63,6 +63,7 @@ def model_config(model: ServedModel) -> pb.ModelConfig:
             )
         ],
         model_transaction_policy=pb.ModelTransactionPolicy(decoupled=c.kind == "seq2seq"),
+        response_cache=pb.ModelResponseCache(enable=c.response_cache),
     )
     config.dynamic_batching.CopyFrom(_dynamic_batching(model))
     for key, value in _parameters(model).items():

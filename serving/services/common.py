@@ -8,7 +8,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -16,6 +16,9 @@ from serving import tracing
 from serving.errors import ServingError, Unavailable, status_code
 from serving.metrics import INFERENCE_METHODS, ServingMetrics
 from serving.tracing import Trace, Tracer
+
+if TYPE_CHECKING:
+    from serving.response_cache import ResponseCache
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +28,14 @@ UNKNOWN_MODEL = "unknown"  # metrics label for names no model has (keeps label c
 
 class ServerState:
     """Shared by the servicers: whether the server still takes new work, how many calls are
-    being answered (a drain waits for them), and which requests are traced."""
+    being answered (a drain waits for them), which requests are traced, and the response
+    cache."""
 
-    def __init__(self, tracer: Tracer | None = None) -> None:
+    def __init__(self, tracer: Tracer | None = None, cache: ResponseCache | None = None) -> None:
         self.draining = False
         self.active = 0
         self.tracer = tracer or Tracer()
+        self.cache = cache  # KServe ModelInfer answers kept (None: no response cache)
 
     def check_serving(self) -> None:
         if self.draining:

@@ -30,6 +30,7 @@ from serving.model_control import ModelControl
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.repository import check_model_name
+from serving.response_cache import answer
 from serving.served import ServedModel
 from serving.services.common import ServerState, Servicer, deadline_of, served_call, unary
 from serving.trace_control import TraceChanges
@@ -269,7 +270,10 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary("ModelInfer", lambda r: r.model_name)
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
         model = self._model(request.model_name, request.model_version)
-        return await infer(prepare(model, request, deadline_of(context), self.regions))
+        call = prepare(model, request, deadline_of(context), self.regions)
+        if self.state.cache is None or not model.config.response_cache:
+            return await infer(call)
+        return await answer(self.state.cache, call)
 
     async def ModelStreamInfer(
         self,

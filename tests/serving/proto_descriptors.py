@@ -147,6 +147,8 @@ InferStatistics queue 3 StatisticDuration
 InferStatistics compute_input 4 StatisticDuration
 InferStatistics compute_infer 5 StatisticDuration
 InferStatistics compute_output 6 StatisticDuration
+InferStatistics cache_hit 7 StatisticDuration
+InferStatistics cache_miss 8 StatisticDuration
 ModelStatistics name 1 string
 ModelStatistics version 2 string
 ModelStatistics last_inference 3 uint64
@@ -254,6 +256,8 @@ ModelConfig dynamic_batching 11 ModelDynamicBatching
 ModelConfig parameters 14 map<string, ModelParameter>
 ModelConfig backend 17 string
 ModelConfig model_transaction_policy 19 ModelTransactionPolicy
+ModelConfig response_cache 24 ModelResponseCache
+ModelResponseCache enable 1 bool
 """  # noqa: E501 (one line per field, as the table reads)
 
 # fmt: off

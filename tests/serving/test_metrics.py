@@ -38,6 +38,10 @@ def touch_every_metric(metrics: ServingMetrics, model: str = "m") -> None:
     metrics.kv_cache_usage.labels(model=model).set(0.25)
     metrics.kv_cache_tokens.labels(model=model).set(128)
     metrics.queue_depth.labels(model=model).set(0)
+    metrics.response_cache.labels(model=model, result="hit").inc()
+    metrics.response_cache_seconds.labels(model=model, result="hit").inc(0.0001)
+    metrics.response_cache_bytes.set(1024)
+    metrics.response_cache_entries.set(2)
 
 
 def sample_names(text: str) -> set[str]:
@@ -45,7 +49,7 @@ def sample_names(text: str) -> set[str]:
 
 
 def test_metric_names_are_prefixed_unique_and_in_base_units() -> None:
-    assert len(set(METRIC_NAMES)) == len(METRIC_NAMES) == 15
+    assert len(set(METRIC_NAMES)) == len(METRIC_NAMES) == 19
     assert all(name.startswith("attnserve_") for name in METRIC_NAMES)
     assert not any(name.endswith(("_ms", "_milliseconds")) for name in METRIC_NAMES)
     assert LATENCY_BUCKETS[0] <= 0.0005 and LATENCY_BUCKETS[-1] >= 30
