@@ -163,12 +163,17 @@ def exported_series() -> dict[str, set[str]]:
     """Sample name -> label names, from a real ServingMetrics with every metric observed once."""
     metrics = ServingMetrics()
     for value in vars(metrics).values():
+        if not isinstance(value, Counter | Gauge | Histogram):
+            continue
+        child = (
+            value.labels(**dict.fromkeys(value._labelnames, "x")) if value._labelnames else value
+        )
         if isinstance(value, Counter):
-            value.labels(**dict.fromkeys(value._labelnames, "x")).inc()
+            child.inc()
         elif isinstance(value, Gauge):
-            value.labels(**dict.fromkeys(value._labelnames, "x")).set(1)
-        elif isinstance(value, Histogram):
-            value.labels(**dict.fromkeys(value._labelnames, "x")).observe(0.01)
+            child.set(1)
+        else:
+            child.observe(0.01)
     series: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(metrics.render().decode()):
         for sample in family.samples:
