@@ -82,9 +82,9 @@ class RepositoryPoller:
         assert self.repository.root is not None, "model polling needs a repository folder"
         return self.repository.root
 
-    def changes(self) -> list[tuple[str, str, Fingerprint | None]]:
+    def changes(self, served: set[str]) -> list[tuple[str, str, Fingerprint | None]]:
         """What the folder asks for now: ("load", name, its fingerprint) for each new or changed
-        entry, ("unload", name, None) for each served model whose entry is gone."""
+        entry, ("unload", name, None) for each ``served`` model whose entry is gone."""
         try:
             entries = {
                 path.name: fingerprint(path)
@@ -101,14 +101,14 @@ class RepositoryPoller:
             for name, print_ in sorted(entries.items())
             if self._seen.get(name) != print_
         ]
-        served = {model.name for model in self.repository.models()}
         found += [("unload", name, None) for name in sorted(served - set(entries))]
         return found
 
     async def look(self) -> list[tuple[str, str]]:
         """Apply what the folder asks for now; the changes made (op, name), failed ones too."""
         made = []
-        for op, name, print_ in await asyncio.to_thread(self.changes):
+        served = {model.name for model in self.repository.models()}  # read on the loop
+        for op, name, print_ in await asyncio.to_thread(self.changes, served):
             try:
                 if op == "load":
                     self._seen[name] = print_  # type: ignore[assignment]
