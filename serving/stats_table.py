@@ -2,7 +2,8 @@
 (``render`` also draws `attnserve models`' repository index).
 
 Means per request between the server's start and now: the latency of its successes, the queue
-wait, the compute time (each over its own count), and inferences per model execution.
+wait, the compute time (each over its own count), inferences per model execution; and the
+requests answered from the response cache.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ COLUMNS = (
     "queue_ms",
     "compute_ms",
     "per_execution",
+    "cache_hits",
     "last_s_ago",
 )
 
@@ -40,6 +42,7 @@ def statistics_row(stats: Any, now_s: float) -> dict[str, Any]:
         "queue_ms": _mean_ms(s.queue),
         "compute_ms": _mean_ms(s.compute_infer),
         "per_execution": round(stats.inference_count / executions, 2) if executions else None,
+        "cache_hits": s.cache_hit.count,
         "last_s_ago": round(now_s - stats.last_inference / 1000, 1)
         if stats.last_inference
         else None,

@@ -70,11 +70,12 @@ BIG_MESSAGES = [
 ]
 
 
-def copy_repository(source: Path, target: Path, **overrides: dict[str, dict[str, Any]]) -> Path:
+def copy_repository(source: Path, target: Path, **overrides: dict[str, Any]) -> Path:
     """Copy a model repository (graphs hard-linked) and override config sections per model.
 
     ``copy_repository(src, dst, vit={"batching": {"max_queue_size": 4}})`` rewrites
-    ``dst/vit/config.yaml`` with that batching field changed. The config files are replaced, never
+    ``dst/vit/config.yaml`` with that batching field changed; a value that is no dict replaces a
+    top-level field (``vit={"response_cache": True}``). The config files are replaced, never
     written through a link, so the source repository is untouched.
     """
     shutil.copytree(source, target, copy_function=os.link)
@@ -82,6 +83,8 @@ def copy_repository(source: Path, target: Path, **overrides: dict[str, dict[str,
         config = read_model_config(target / name)
         changes = {
             section: dataclasses.replace(getattr(config, section), **fields)
+            if isinstance(fields, dict)
+            else fields
             for section, fields in sections.items()
         }
         (target / name / "config.yaml").unlink()

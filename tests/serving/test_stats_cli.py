@@ -39,6 +39,7 @@ def test_stats_counts_what_was_sent(
         vit = rows["vit"]
         assert (vit["version"], vit["ok"], vit["failed"]) == ("1", 2, 1)
         assert vit["compute_ms"] > 0 and vit["queue_ms"] >= 0 and vit["per_execution"] == 1.0
+        assert vit["cache_hits"] == 0  # no response cache on this server
         assert vit["compute_ms"] + vit["queue_ms"] <= vit["latency_ms"]
         assert 0 <= vit["last_s_ago"] <= time.time() - sent + 1
         assert rows["translator"]["ok"] == 0 and rows["translator"]["latency_ms"] is None

@@ -23,24 +23,33 @@ from tests.reliability.harness import BIG_MESSAGES, copy_repository
 from tests.serving.server_thread import ServerThread
 
 # every model with priority levels (level 1 with a queue of its own), so that fuzzed priorities
-# reach the queues' ordering and limits
+# reach the queues' ordering and limits, and with the response cache (the server has one), so
+# that fuzzed KServe requests go through its keys
 LEVELS = {
     "batching": {
         "priority_levels": 3,
         "default_priority_level": 2,
         "priority_queue_policy": (QueuePolicy(level=1, max_queue_size=64),),
-    }
+    },
+    "response_cache": True,
 }
+CACHE_BYTES = 1 << 20
 
 
 def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
     """The server under fuzzing: in this process, or `attnserve serve` with frontend processes
-    (system shared memory on, so that its RPCs and request parameters are fuzzed too)."""
+    (system shared memory and the response cache on, so that their RPCs, request parameters and
+    keys are fuzzed too)."""
     if frontends == 1:
-        return ServerThread(repository, metrics_port=-1, system_shared_memory=True)
+        return ServerThread(
+            repository,
+            metrics_port=-1,
+            system_shared_memory=True,
+            response_cache_bytes=CACHE_BYTES,
+        )
     workers = (
         *("--frontend-workers", str(frontends), "--metrics-port", "-1"),
-        "--system-shared-memory",
+        *("--system-shared-memory", "--cache-config", f"local,size={CACHE_BYTES}"),
     )
     return ServeProcess(repository, *workers)
 

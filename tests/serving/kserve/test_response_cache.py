@@ -7,7 +7,7 @@ the size. The cache itself against a plain reference model, and the flag's parse
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import attnserve_cli
 from benchmarks.server_process import ServeProcess
 from contract.images import pixel_values
-from contract.repository import read_model_config, write_model_config
 from serving.errors import InvalidArgument
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -30,18 +30,15 @@ from tests.serving.frontends import two_frontends
 from tests.serving.kserve.infer_requests import TIMEOUT, digit_images, infer_request, translate
 from tests.serving.server_thread import ServerThread
 
+CACHED = {"response_cache": True}
 Stub = pb_grpc.GRPCInferenceServiceStub
 
 
 @pytest.fixture(scope="module")
 def repository(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny models, the ViT and the translator with the response cache on."""
-    root = copy_repository(tiny_repository, tmp_path_factory.mktemp("cache") / "repository")
-    for name in ("vit", "translator"):
-        config = read_model_config(root / name)
-        (root / name / "config.yaml").unlink()  # a link to the session's repository's file
-        write_model_config(dataclasses.replace(config, response_cache=True), root / name)
-    return root
+    root = tmp_path_factory.mktemp("cache") / "repository"
+    return copy_repository(tiny_repository, root, vit=CACHED, translator=CACHED)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +73,9 @@ def outputs(reply: pb.ModelInferResponse) -> list[tuple[str, bytes]]:
     return [(o.name, raw) for o, raw in zip(reply.outputs, reply.raw_output_contents, strict=True)]
 
 
-def test_a_repeated_request_is_answered_from_the_cache(stub: Stub, server: ServerThread) -> None:
+def test_a_repeated_request_is_answered_from_the_cache(
+    stub: Stub, server: ServerThread, capsys: pytest.CaptureFixture[str]
+) -> None:
     before = cache_stats(stub, "vit")
     first = stub.ModelInfer(vit(0, "a"), timeout=TIMEOUT)
     # the same request with another id and scheduling parameters: the same answer, its own id
@@ -104,6 +103,11 @@ def test_a_repeated_request_is_answered_from_the_cache(stub: Stub, server: Serve
     )
     assert sample(families, "attnserve_response_cache_entries") >= 3
     assert sample(families, "attnserve_response_cache_bytes") > 0
+    # attnserve stats shows them too
+    assert (
+        attnserve_cli.main(["stats", "--server", server.address, "--model", "vit", "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["cache_hits"] == hits
 
 
 def test_a_sampled_generation_is_cached_only_with_a_seed(stub: Stub) -> None:
