@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.loadgen import Client, Workload, kserve_request, measure
+from benchmarks.loadgen import Workload, kserve_request
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
+from benchmarks.served_pairs import add_pair_arguments, drive, ratios, repository_of
 from benchmarks.server_process import ServeProcess
-from benchmarks.trace_cost import ratios
 from contract.repository import read_model_config, write_model_config
 
 CACHED_MODELS = ("vit", "translator")
@@ -75,28 +75,6 @@ def cached_copy(repository: Path, folder: Path) -> Path:
     return root
 
 
-async def drive(
-    server: ServeProcess, concurrency: tuple[int, ...], duration: float, warmup: float
-) -> list[dict[str, Any]]:
-    points = []
-    for name, workload in workloads().items():
-        client = Client(server.address, workload, connections=1)
-        try:
-            await client.wait_ready()
-            for clients in concurrency:
-                point = await measure(
-                    client,
-                    concurrency=clients,
-                    duration=duration,
-                    warmup=warmup,
-                    server_cpu=server.cpu_seconds,
-                )
-                points.append({"workload": name, "concurrency": clients, **point})
-        finally:
-            await client.close()
-    return points
-
-
 def run_server(
     root: Path, cached: bool, settings: argparse.Namespace
 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
@@ -109,7 +87,7 @@ def run_server(
     ).start()
     try:
         points = asyncio.run(
-            drive(server, settings.concurrency, settings.duration, settings.warmup)
+            drive(server, workloads(), settings.concurrency, settings.duration, settings.warmup)
         )
         return points, cache_counts(server.address)
     finally:
@@ -191,27 +169,9 @@ def per_request_costs(root: Path, rounds: int = 2000) -> dict[str, dict[str, flo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.response_cache")
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        help="default: the shipped models, exported into the benchmark cache on first use",
-    )
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per point")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each point")
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument(
-        "--concurrency",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
-        default=(1, 8),
-        help="closed-loop clients per point (default 1,8)",
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "response-cache")
+    add_pair_arguments(parser, DEFAULT_RESULTS / "response-cache")
     args = parser.parse_args(argv)
-    if args.repository is None:
-        from benchmarks.marian import default_cache
-        from benchmarks.serve_setups import shipped_repository
-
-        args.repository = shipped_repository(default_cache())
+    args.repository = repository_of(args)
     points: list[dict[str, Any]] = []
     pairs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="attnserve-response-cache-") as scratch:

@@ -21,9 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.loadgen import Client, Workload, measure
+from benchmarks.loadgen import Workload
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
 from benchmarks.serve_workloads import sample_image
+from benchmarks.served_pairs import add_pair_arguments, drive, ratios, repository_of
 from benchmarks.server_process import ServeProcess
 
 TEXT = "three hundred and forty-seven"
@@ -37,29 +38,6 @@ def workloads(image: bytes) -> dict[str, Workload]:
             "translate", "translator", text=TEXT, language="de", new_tokens=NEW_TOKENS
         ),
     }
-
-
-async def drive(
-    server: ServeProcess, concurrency: tuple[int, ...], duration: float, warmup: float
-) -> list[dict[str, Any]]:
-    """Each workload at each concurrency against ``server`` (its CPU time recorded)."""
-    points = []
-    for name, workload in workloads(sample_image()).items():
-        client = Client(server.address, workload, connections=1)
-        try:
-            await client.wait_ready()
-            for clients in concurrency:
-                point = await measure(
-                    client,
-                    concurrency=clients,
-                    duration=duration,
-                    warmup=warmup,
-                    server_cpu=server.cpu_seconds,
-                )
-                points.append({"workload": name, "concurrency": clients, **point})
-        finally:
-            await client.close()
-    return points
 
 
 def run_server(
@@ -77,51 +55,24 @@ def run_server(
     ).start()
     try:
         points = asyncio.run(
-            drive(server, settings.concurrency, settings.duration, settings.warmup)
+            drive(
+                server,
+                workloads(sample_image()),
+                settings.concurrency,
+                settings.duration,
+                settings.warmup,
+            )
         )
     finally:
         server.stop()
     return points, trace
 
 
-def ratios(off: list[dict[str, Any]], traced: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Traced / off, point by point: requests/s and p50 latency."""
-    rows = []
-    for a, b in zip(off, traced, strict=True):
-        rows.append(
-            {
-                "workload": a["workload"],
-                "concurrency": a["concurrency"],
-                "throughput": round(b["throughput_rps"] / a["throughput_rps"], 3),
-                "p50_latency": round(b["latency_ms"]["p50"] / a["latency_ms"]["p50"], 3),
-            }
-        )
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.trace_cost")
-    parser.add_argument(
-        "--repository",
-        type=Path,
-        help="default: the shipped models, exported into the benchmark cache on first use",
-    )
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per point")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each point")
-    parser.add_argument("--pairs", type=int, default=2)
-    parser.add_argument(
-        "--concurrency",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
-        default=(1, 8),
-        help="closed-loop clients per point (default 1,8)",
-    )
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "trace-cost")
+    add_pair_arguments(parser, DEFAULT_RESULTS / "trace-cost")
     args = parser.parse_args(argv)
-    if args.repository is None:
-        from benchmarks.marian import default_cache
-        from benchmarks.serve_setups import shipped_repository
-
-        args.repository = shipped_repository(default_cache())
+    args.repository = repository_of(args)
     from serving.trace_summary import read_traces, summary_rows
 
     points: list[dict[str, Any]] = []
