@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -33,9 +30,9 @@ import numpy as np
 
 from benchmarks.loadgen import Workload, kserve_request
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
+from benchmarks.repository_copy import linked_copy, rewrite_config
 from benchmarks.served_pairs import add_pair_arguments, drive, ratios, repository_of
 from benchmarks.server_process import ServeProcess
-from contract.repository import read_model_config, write_model_config
 
 CACHED_MODELS = ("vit", "translator")
 CACHE_BYTES = 64 << 20
@@ -59,19 +56,9 @@ def workloads() -> dict[str, Workload]:
 
 def cached_copy(repository: Path, folder: Path) -> Path:
     """``repository``'s ViT and translator, with ``response_cache: true`` (files linked)."""
-
-    def link(source: str, target: str) -> None:
-        try:
-            os.link(source, target)
-        except OSError:  # another file system
-            os.symlink(os.path.abspath(source), target)
-
-    root = folder / "repository"
+    root = linked_copy(repository, folder / "repository", CACHED_MODELS)
     for name in CACHED_MODELS:
-        shutil.copytree(repository / name, root / name, copy_function=link)
-        config = read_model_config(root / name)
-        (root / name / "config.yaml").unlink()
-        write_model_config(dataclasses.replace(config, response_cache=True), root / name)
+        rewrite_config(root / name, response_cache=True)
     return root
 
 

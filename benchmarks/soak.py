@@ -31,6 +31,13 @@ reload must not fail a call or change an answer, nor grow memory (``reloads`` in
 failed reload is an error of kind ``reload``; ``latency_ms.reload``: how long the reloads took;
 ``rss_after_reload_mb``: the server tree's RSS as each reload returned).
 
+``--reload-by folder`` (with ``--reload-every S``) reloads through the repository folder
+instead: the server runs with ``--model-control-mode poll`` on a linked copy of the repository,
+and every S seconds one model's ``config.yaml`` is rewritten (its ``batching.timeout_ms`` 1 ms
+up or down); a reload is done when ModelConfig shows the new value (``latency_ms.reload``: the
+edit to the served change, the poll interval included; not within 60 s is an error of kind
+``reload``).
+
 ``--trace-rate N`` starts the server tracing one request in N (``--trace-level TIMESTAMPS``, a
 trace file in a temporary folder, appended as it goes): tracing must not grow memory either
 (``traces`` in the report: how many the files held at the end).
@@ -307,10 +314,12 @@ async def drive(
     kinds: tuple[str, ...] = KINDS,
     reload_every: float = 0.0,
     pid: int | None = None,
+    folder: Path | None = None,
 ) -> None:
     """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s); with
-    ``reload_every``, the served models reloaded in turn that often meanwhile (and the server
-    tree's RSS after each, where ``pid`` is given)."""
+    ``reload_every``, the served models reloaded in turn that often meanwhile (by RPC, or through
+    the polled repository ``folder``; and the server tree's RSS after each, where ``pid`` is
+    given)."""
     rng = np.random.default_rng(seed)
     weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
     probabilities = weights / weights.sum()
@@ -334,33 +343,72 @@ async def drive(
                 tally.latency[kind].append(time.perf_counter() - started)
 
         reloads = (
-            [reload_models(channel, tally, reload_every, stop_at, pid)] if reload_every else []
+            [reload_models(channel, tally, reload_every, stop_at, pid, folder)]
+            if reload_every
+            else []
         )
         await asyncio.gather(*(worker() for _ in range(concurrency)), *reloads)
 
 
 async def reload_models(
-    channel: grpc.aio.Channel, tally: Tally, every: float, stop_at: float, pid: int | None
+    channel: grpc.aio.Channel,
+    tally: Tally,
+    every: float,
+    stop_at: float,
+    pid: int | None,
+    folder: Path | None = None,
 ) -> None:
-    """Reload the served models in turn every ``every`` seconds until ``stop_at``; the RSS of
-    ``pid``'s tree after each reload goes into ``tally.rss_after_reload``."""
+    """Reload the served models in turn every ``every`` seconds until ``stop_at`` (KServe
+    ``RepositoryModelLoad``, or an edit of the entry in the polled repository ``folder``); the
+    RSS of ``pid``'s tree after each reload goes into ``tally.rss_after_reload``."""
     stub = kpb_grpc.GRPCInferenceServiceStub(channel)
     index = await stub.RepositoryIndex(kpb.RepositoryIndexRequest(ready=True), timeout=60)
     names = [model.name for model in index.models]
     turn = 0
-    while time.monotonic() + every < stop_at:
-        await asyncio.sleep(every)
+    due = time.monotonic() + every  # a reload starts every ``every`` s, however long one takes
+    while due < stop_at:
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        due += every
         name = names[turn % len(names)]
         started = time.perf_counter()
         try:
-            await stub.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=name))
+            if folder is None:
+                await stub.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=name))
+            else:
+                await edit_and_wait(stub, folder / name, odd=turn // len(names) % 2 == 0)
         except grpc.aio.AioRpcError as err:
             tally.error("reload", f"{name}: {err.code().name}: {err.details()}")
+        except TimeoutError as err:
+            tally.error("reload", f"{name}: {err}")
         tally.calls["reload"] += 1
         tally.latency["reload"].append(time.perf_counter() - started)
         if pid is not None:
             tally.rss_after_reload.append(rss_bytes(pid))
         turn += 1
+
+
+async def edit_and_wait(
+    stub: kpb_grpc.GRPCInferenceServiceStub, entry: Path, odd: bool, limit: float = 60.0
+) -> None:
+    """Rewrite ``entry``'s config.yaml with ``batching.timeout_ms`` at its start value rounded
+    down to even (+ 1 ms when ``odd``: the first round), then wait until the server's
+    ModelConfig shows it (TimeoutError after ``limit`` seconds). A model without a default
+    deadline (0) gets 30 s."""
+    from benchmarks.repository_copy import rewrite_config
+    from contract.repository import read_model_config
+
+    config = read_model_config(entry)
+    base = (config.batching.timeout_ms or 30_000) // 2 * 2
+    wanted = base + int(odd)
+    rewrite_config(entry, batching={"timeout_ms": wanted})
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        reply = await stub.ModelConfig(kpb.ModelConfigRequest(name=entry.name), timeout=60)
+        policy = reply.config.dynamic_batching.default_queue_policy
+        if policy.default_timeout_microseconds == wanted * 1000:
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"the server did not load the edited config.yaml within {limit:g} s")
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -447,6 +495,7 @@ def soak(
     frontend_workers: int = 1,
     reload_every: float = 0.0,
     trace_rate: int = 0,
+    reload_by: str = "rpc",
 ) -> dict[str, Any]:
     """Run the soak; the report (see the module docstring).
 
@@ -464,6 +513,8 @@ def soak(
         reload_every: seconds between two model reloads (0: none; the server runs with model
             control on).
         trace_rate: the server traces one request in this many (0: no tracing).
+        reload_by: "rpc" (model control explicit, RepositoryModelLoad) or "folder" (model
+            control poll on a linked copy of the repository, its config.yaml files edited).
     """
     if warmup >= duration:
         raise ValueError(f"warmup ({warmup} s) must be shorter than duration ({duration} s)")
@@ -471,15 +522,24 @@ def soak(
     inputs = Inputs.make()
     server = None
     traces_folder = Path(tempfile.mkdtemp(prefix="attnserve-soak-traces-"))
+    polled = None
+    if reload_every and reload_by == "folder" and address is None:
+        from benchmarks.repository_copy import linked_copy
+
+        polled = linked_copy(repository, traces_folder / "repository")
     if address is None:
         flags: tuple[str, ...] = ("--metrics-port", "-1")
         flags += ("--frontend-workers", str(frontend_workers))
         flags += ("--system-shared-memory",) * SHM.is_dir()
-        flags += ("--model-control-mode", "explicit") * bool(reload_every)
+        if polled is not None:
+            poll_s = f"{min(0.5, reload_every / 4):g}"
+            flags += ("--model-control-mode", "poll", "--repository-poll-secs", poll_s)
+        elif reload_every:
+            flags += ("--model-control-mode", "explicit")
         if trace_rate:
             flags += ("--trace-file", str(traces_folder / "trace.json"))
             flags += ("--trace-level", "TIMESTAMPS", "--trace-rate", str(trace_rate))
-        server = ServeProcess(repository, *flags, keep_lines=200).start()
+        server = ServeProcess(polled or repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
     assert pid is not None
     inputs = asyncio.run(usable_texts(address, inputs))
@@ -502,6 +562,7 @@ def soak(
                 kinds=kinds,
                 reload_every=reload_every,
                 pid=pid,
+                folder=polled,
             )
         )
         fds["end"] = open_fds(pid)
@@ -525,6 +586,7 @@ def soak(
     )
     reloads = {
         "reload_every_s": reload_every,
+        "reload_by": reload_by if reload_every else None,
         "reloads": tally.calls.pop("reload", 0),
         # the tree's RSS once each reload has returned (its old version stopped and released)
         "rss_after_reload_mb": [round(rss / 2**20, 1) for rss in tally.rss_after_reload],
@@ -664,6 +726,13 @@ def main(argv: list[str] | None = None) -> int:
         help="reload the served models in turn this often (s; model control on; default 0: no)",
     )
     parser.add_argument(
+        "--reload-by",
+        choices=("rpc", "folder"),
+        default="rpc",
+        help="with --reload-every: RepositoryModelLoad (default), or edits of the entries in a "
+        "linked copy of the repository that the server polls (--model-control-mode poll)",
+    )
+    parser.add_argument(
         "--trace-rate",
         type=int,
         default=0,
@@ -689,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         frontend_workers=args.frontend_workers,
         reload_every=args.reload_every,
         trace_rate=args.trace_rate,
+        reload_by=args.reload_by,
     )
     text = json.dumps(report, indent=2)
     print(text)

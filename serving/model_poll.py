@@ -5,6 +5,10 @@ folder every ``repository_poll_secs`` and follows it.
   changed (``config.yaml``, a new version folder, a re-export: any file's size, modification
   time or inode) is reloaded; a served entry whose folder (or ``config.yaml``) is gone is
   unloaded. With ``--models`` only those entries are watched.
+- A change is acted on once the entry looks the same at two looks in a row: files being
+  written or copied are not loaded half-way, and a ``config.yaml`` deleted and written again
+  (as some editors and tools save) does not unload the model in between. A change is served
+  one to two intervals after it is made, plus the load.
 - Changes go through model control (``serving.model_control.LocalModelControl``): a reload swaps
   the new version in once it runs, the old one's requests finish on it, and with several
   frontend processes the poller runs in the engine process, which has every frontend apply the
@@ -75,6 +79,8 @@ class RepositoryPoller:
         self._seen: dict[str, Fingerprint] = {
             model.name: fingerprint(self._root / model.name) for model in self.repository.models()
         }
+        # what each watched entry looked like at the last look (None: not there)
+        self._last: dict[str, Fingerprint | None] = dict(self._seen)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -84,9 +90,10 @@ class RepositoryPoller:
 
     def changes(self, served: set[str]) -> list[tuple[str, str, Fingerprint | None]]:
         """What the folder asks for now: ("load", name, its fingerprint) for each new or changed
-        entry, ("unload", name, None) for each ``served`` model whose entry is gone."""
+        entry, ("unload", name, None) for each ``served`` model whose entry is gone; each only
+        once it looked the same at the last look too."""
         try:
-            entries = {
+            now: dict[str, Fingerprint | None] = {
                 path.name: fingerprint(path)
                 for path in model_entries(self._root)
                 if not self.names or path.name in self.names
@@ -96,12 +103,20 @@ class RepositoryPoller:
                 "model polling: cannot read %s (%s); serving what is loaded", self._root, err
             )
             return []
+        for name in served - set(now):
+            now[name] = None
+        settled = {name: state for name, state in now.items() if self._last.get(name) == state}
+        self._last = now
         found: list[tuple[str, str, Fingerprint | None]] = [
-            ("load", name, print_)
-            for name, print_ in sorted(entries.items())
-            if self._seen.get(name) != print_
+            ("load", name, state)
+            for name, state in sorted(settled.items())
+            if state is not None and self._seen.get(name) != state
         ]
-        found += [("unload", name, None) for name in sorted(served - set(entries))]
+        found += [
+            ("unload", name, None)
+            for name, state in sorted(settled.items())
+            if state is None and name in served
+        ]
         return found
 
     async def look(self) -> list[tuple[str, str]]:

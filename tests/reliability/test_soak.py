@@ -15,7 +15,9 @@ With two frontend processes the same soak runs for a third of the time, its memo
 the supervisor, the engine process and both frontends, each of which the report also lists with
 its own RSS under its process name, with model control on: every ``RELOAD_EVERY`` seconds one
 of the models is reloaded under the traffic, and every assertion but the memory bound holds
-across the reloads. (A reload's sessions are new allocations on ONNX Runtime's and the engine's
+across the reloads; once by RepositoryModelLoad, once through the repository folder (model
+control poll: an entry's config.yaml edited, the reload done when ModelConfig shows the edit).
+(A reload's sessions are new allocations on ONNX Runtime's and the engine's
 new threads, which glibc spreads over its per-thread heaps: the tree's RSS grows by some 0.1 MB
 per reload under traffic, 5-7% over 20 reloads of the tiny models, see docs/measurements.md;
 that no replaced model stays alive is asserted in tests/serving/test_model_control.py.)
@@ -36,9 +38,13 @@ WARMUP = min(15.0, SECONDS / 3)
 RELOAD_EVERY = 1.0
 
 
-@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-frontends"])
+@pytest.mark.parametrize(
+    ("workers", "reload_by"),
+    [(1, "rpc"), (2, "rpc"), (2, "folder")],
+    ids=["one-process", "two-frontends", "two-frontends-polling"],
+)
 def test_short_soak(
-    tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory, workers: int
+    tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory, workers: int, reload_by: str
 ) -> None:
     seconds = SECONDS if workers == 1 else SECONDS / 3
     warmup = WARMUP if workers == 1 else WARMUP / 3
@@ -51,9 +57,10 @@ def test_short_soak(
         frontend_workers=workers,
         reload_every=RELOAD_EVERY if workers > 1 else 0.0,
         trace_rate=1,
+        reload_by=reload_by,
     )
     text = json.dumps({k: v for k, v in report.items() if k != "rss_samples_mb"}, indent=2)
-    summary = tmp_path_factory.getbasetemp() / f"soak_summary_{workers}.json"
+    summary = tmp_path_factory.getbasetemp() / f"soak_summary_{workers}_{reload_by}.json"
     summary.write_text(json.dumps(report, indent=2))
     print(f"\nsoak summary: {text}")
     assert report["errors"] == 0, report["error_samples"]

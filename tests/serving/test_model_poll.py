@@ -60,6 +60,12 @@ def only(tiny_repository: Path, target: Path, *names: str) -> Path:
     return root
 
 
+async def settle(poller: RepositoryPoller) -> list[tuple[str, str]]:
+    """Two looks: the first sees the change and waits, the second (nothing changed since) acts."""
+    assert await poller.look() == []
+    return await poller.look()
+
+
 def max_batch(stub: Stub, name: str) -> int:
     return stub.ModelConfig(pb.ModelConfigRequest(name=name), timeout=TIMEOUT).config.max_batch_size
 
@@ -79,13 +85,13 @@ def test_a_poller_follows_the_folder(
             shutil.copytree(
                 tiny_repository / "translator", root / "translator", copy_function=shutil.copy
             )
-            assert await poller.look() == [("load", "translator")]
+            assert await settle(poller) == [("load", "translator")]
             assert repository.get("translator").config.batching.max_batch_size > 0
             assert await poller.look() == []  # nothing changed since
             # a changed entry: reloaded, the new config served
             first = repository.get("translator")
             edit(root / "translator", "batching", max_batch_size=3)
-            assert await poller.look() == [("load", "translator")]
+            assert await settle(poller) == [("load", "translator")]
             assert repository.get("translator") is not first
             assert repository.get("translator").config.batching.max_batch_size == 3
             # a broken entry: the version served stays, and it is not tried at every look
@@ -93,17 +99,17 @@ def test_a_poller_follows_the_folder(
             (root / "vit" / "config.yaml").unlink()
             (root / "vit" / "config.yaml").write_text("kind: classifier\nname: [\n")
             with caplog.at_level(logging.WARNING, "serving.model_poll"):
-                assert await poller.look() == [("load", "vit")]
+                assert await settle(poller) == [("load", "vit")]
             assert "cannot load vit" in caplog.text and "config.yaml" in caplog.text
             assert await poller.look() == []
             assert repository.get("vit") is served
             assert "load failed" not in repository.unserved().get("vit", "")
             shutil.copy(tiny_repository / "vit" / "config.yaml", root / "vit" / "config.yaml")
-            assert await poller.look() == [("load", "vit")]
+            assert await settle(poller) == [("load", "vit")]
             assert repository.get("vit") is not served
             # a removed entry: unloaded, NOT_FOUND says why and how to serve it again
             shutil.rmtree(root / "translator")
-            assert await poller.look() == [("unload", "translator")]
+            assert await settle(poller) == [("unload", "translator")]
             with pytest.raises(NotFound, match="entry left the repository folder") as err:
                 repository.get("translator")
             assert "put the entry into the folder" in str(err.value)
@@ -112,8 +118,42 @@ def test_a_poller_follows_the_folder(
             shutil.copytree(
                 tiny_repository / "translator", root / "translator", copy_function=shutil.copy
             )
-            assert await poller.look() == [("load", "translator")]
+            assert await settle(poller) == [("load", "translator")]
             repository.get("translator")
+        finally:
+            await poller.stop()
+            await repository.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_a_change_is_acted_on_once_it_stays(tiny_repository: Path, tmp_path: Path) -> None:
+    """A config.yaml deleted and written again between two looks does not unload the model,
+    and an entry whose files still change at each look is not loaded half-way."""
+    root = only(tiny_repository, tmp_path / "repository", "vit")
+
+    async def scenario() -> None:
+        repository = ModelRepository.load(root, ServingMetrics())
+        await repository.start()
+        poller = RepositoryPoller(LocalModelControl(repository, grace=5), interval=60)
+        try:
+            served = repository.get("vit")
+            config = root / "vit" / "config.yaml"
+            text = config.read_bytes()
+            config.unlink()  # a tool saving by deleting and writing
+            assert await poller.look() == []  # gone at one look: not unloaded
+            config.write_bytes(text)
+            assert await poller.look() == []  # there again, as a new file: wait
+            assert repository.get("vit") is served
+            assert await poller.look() == [("load", "vit")]  # the same twice: reloaded
+            shutil.copytree(
+                tiny_repository / "translator", root / "translator", copy_function=shutil.copy
+            )
+            growing = root / "translator" / "1" / "still-copying.bin"
+            for size in (1, 2, 3):
+                growing.write_bytes(b"x" * size)
+                assert await poller.look() == []
+            assert await poller.look() == [("load", "translator")]
         finally:
             await poller.stop()
             await repository.stop(0)
@@ -135,7 +175,7 @@ def test_a_poller_watches_only_the_named_entries(tiny_repository: Path, tmp_path
             )
             assert await poller.look() == []
             edit(root / "vit", "batching", max_batch_size=5)
-            assert await poller.look() == [("load", "vit")]
+            assert await settle(poller) == [("load", "vit")]
             assert [m.name for m in repository.models()] == ["vit"]
         finally:
             await poller.stop()
