@@ -54,6 +54,19 @@ def fingerprint(entry: Path) -> Fingerprint:
     return tuple(sorted(files))
 
 
+# an entry of the folder a polling server does not serve (yet), as far as its frontends know
+NOT_YET = (
+    "not loaded yet: new in the repository folder, or its load failed (the server's log says "
+    "why); the server loads it once its files stay the same for a look"
+)
+
+
+def watch(repository: ModelRepository, interval: float) -> None:
+    """What a polling server's NOT_FOUND and RepositoryIndex say of models it does not serve."""
+    repository.load_hint = poll_hint(interval)
+    repository.unserved_reason = NOT_YET
+
+
 def poll_hint(interval: float) -> str:
     """How a model that is not served gets served on a polling server (NOT_FOUND says it)."""
     return (
@@ -73,7 +86,7 @@ class RepositoryPoller:
         self.repository: ModelRepository = control.repository
         self.interval = interval
         self.names = frozenset(names)
-        self.repository.load_hint = poll_hint(interval)
+        watch(self.repository, interval)
         # what each entry was when it was last loaded or tried (a failed one is not tried
         # again until it changes)
         self._seen: dict[str, Fingerprint] = {

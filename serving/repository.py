@@ -151,8 +151,10 @@ class ModelRepository:
         self._reasons: dict[str, str] = dict.fromkeys(not_loaded, NOT_LOADED)
         # held by whoever loads or unloads (one at a time; ``serving.model_control``)
         self.control = asyncio.Lock()
-        # how a model that is not served gets served (NOT_FOUND says it; set by model polling)
+        # how a model that is not served gets served (NOT_FOUND says it), and why an entry of the
+        # folder no one asked for is not served (RepositoryIndex); both set by model polling
         self.load_hint = EXPLICIT_HINT
+        self.unserved_reason = NOT_LOADED
 
     @classmethod
     def load(
@@ -225,7 +227,7 @@ class ModelRepository:
         except OSError:  # the directory went away
             names = []
         return {
-            name: self._reasons.get(name, NOT_LOADED)
+            name: self._reasons.get(name, self.unserved_reason)
             for name in [*names, *self._reasons]
             if name not in self._models
         }

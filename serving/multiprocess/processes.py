@@ -29,7 +29,7 @@ from serving.gc_policy import settle
 from serving.log_settings import LogChanges, LogControl
 from serving.metrics import ServingMetrics
 from serving.model_control import ModelControl, RemoteModelControl, frontend_changes
-from serving.model_poll import PolledModelControl, RepositoryPoller, poll_hint
+from serving.model_poll import PolledModelControl, RepositoryPoller, watch
 from serving.multiprocess.engine_server import EngineServer
 from serving.multiprocess.remote import EngineClient, RemoteBatcher, RemoteEngine
 from serving.multiprocess.shm import ARENA_MIN_BYTES
@@ -164,7 +164,7 @@ def frontend_control(
     if config.model_control_mode == "explicit":
         return RemoteModelControl(client)
     if config.model_control_mode == "poll":
-        repository.load_hint = poll_hint(config.repository_poll_secs)
+        watch(repository, config.repository_poll_secs)
         return PolledModelControl(config.repository_poll_secs)
     return None
 

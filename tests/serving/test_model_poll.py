@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from contract.repository import read_model_config, write_model_config
 from serving.errors import NotFound
 from serving.metrics import ServingMetrics
 from serving.model_control import LocalModelControl
-from serving.model_poll import RepositoryPoller, fingerprint
+from serving.model_poll import NOT_YET, RepositoryPoller, fingerprint
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from serving.repository import REMOVED, ModelRepository
@@ -276,6 +277,12 @@ def test_two_frontends_follow_the_engine_processs_polling(
             code, details = refused(stub.ModelInfer, vit_request(), timeout=TIMEOUT)
             assert code == grpc.StatusCode.NOT_FOUND and REMOVED in details
             assert "put the entry into the folder" in details
+        # an entry that cannot load: the frontends say it is not loaded yet, and where to look
+        (root / "broken").mkdir()
+        (root / "broken" / "config.yaml").write_text("kind: classifier\n")
+        time.sleep(4 * POLL_S)  # two looks and more
+        for stub in stubs:
+            assert index(stub)["broken"] == ("", "UNAVAILABLE", NOT_YET)
 
 
 @pytest.mark.parametrize("seconds", [0, -1, 86401])
