@@ -7,7 +7,9 @@ answered again from memory, without running the model.
 - The key is a BLAKE2b digest of the request as the model sees it: the model and its served
   version, the inputs (names, datatypes, shapes, contents), the requested outputs and the
   parameters, but not the request ``id`` nor how the request is scheduled (``priority``,
-  ``timeout``). The value is the serialized response (its ``id`` set again on every hit).
+  ``timeout``); and the loaded model: a reload (model control, polling) starts afresh, as its
+  files may differ under the same version. The value is the serialized response (its ``id``
+  set again on every hit).
 - Not cached: a request whose inputs or outputs are in shared memory (the region's contents
   can change under the same request), and a generation that samples without a ``seed`` (its
   answer is meant to differ). A request that fails is not cached.
@@ -22,7 +24,9 @@ answered again from memory, without running the model.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -55,9 +59,20 @@ class ResponseCache:
         self._metrics = metrics
         # (model, result) -> the lookup counter's child and the seconds counter's child
         self._recorders: dict[tuple[str, str], tuple[Any, Any]] = {}
+        # a number per loaded model, in its keys: a reload's model gets a new one, so no
+        # answer of the model it replaced (same name and version, other files) is served
+        self._loads: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._next_load = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def load_number(self, model: Any) -> int:
+        """The number of this loaded model (the same for the model's life)."""
+        number = self._loads.get(model)
+        if number is None:
+            number = self._loads[model] = next(self._next_load)
+        return number
 
     def get(self, key: bytes) -> bytes | None:
         value = self._entries.get(key)
@@ -104,7 +119,7 @@ async def answer(cache: ResponseCache, call: Call) -> pb.ModelInferResponse:
     """``call``'s response: from ``cache`` where it holds it, else run (and kept where the
     request may be cached)."""
     started = time.perf_counter()
-    key = cache_key(call)
+    key = cache_key(call, cache.load_number(call.model))
     if key is None:
         return await infer(call)
     held = cache.get(key)
@@ -127,9 +142,9 @@ def _cost(key: bytes, value: bytes) -> int:
     return len(key) + len(value) + ENTRY_OVERHEAD
 
 
-def cache_key(call: Call) -> bytes | None:
-    """The key of a checked request, or None where it must not be cached (shared memory, or a
-    generation sampled without a seed)."""
+def cache_key(call: Call, load: int = 0) -> bytes | None:
+    """The key of a checked request to the loaded model numbered ``load``, or None where it
+    must not be cached (shared memory, or a generation sampled without a seed)."""
     request = call.request
     if any(wanted.shared is not None for wanted in call.wanted):
         return None
@@ -146,7 +161,9 @@ def cache_key(call: Call) -> bytes | None:
     for name in SCHEDULING_PARAMETERS:
         if name in canonical.parameters:
             del canonical.parameters[name]
-    return hashlib.blake2b(canonical.SerializeToString(deterministic=True)).digest()
+    digest = hashlib.blake2b(canonical.SerializeToString(deterministic=True))
+    digest.update(load.to_bytes(8, "little"))
+    return digest.digest()
 
 
 def parse_cache_config(text: str) -> int:

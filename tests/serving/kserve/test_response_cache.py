@@ -276,3 +276,22 @@ def test_a_wrong_cache_flag_stops_the_start(repository: Path) -> None:
     server = ServeProcess(repository, "--metrics-port", "-1", "--cache-config", "redis,size=1")
     with pytest.raises(RuntimeError, match="local,size=BYTES"):
         server.start()
+
+
+def test_a_reloaded_model_answers_afresh(repository: Path) -> None:
+    """A reload may bring other files under the same version (a re-export): the answers of the
+    model it replaced are not served again."""
+    with (
+        ServerThread(
+            repository, metrics_port=-1, response_cache_bytes=1 << 20, model_control_mode="explicit"
+        ) as server,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        stub = Stub(channel)
+        for _ in range(2):
+            stub.ModelInfer(vit(5), timeout=TIMEOUT)
+        assert cache_stats(stub, "vit")[:2] == (1, 1)
+        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="vit"), timeout=TIMEOUT)
+        for _ in range(2):
+            stub.ModelInfer(vit(5), timeout=TIMEOUT)
+        assert cache_stats(stub, "vit")[:2] == (2, 2)  # a miss after the reload, then a hit
