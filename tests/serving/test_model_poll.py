@@ -11,20 +11,19 @@ control RPCs are refused with FAILED_PRECONDITION.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
-from contract.repository import read_model_config, write_model_config
+from benchmarks.repository_copy import rewrite_config
 from serving.errors import NotFound
 from serving.metrics import ServingMetrics
 from serving.model_control import LocalModelControl
@@ -43,15 +42,6 @@ POLL_S = 0.2
 Stub = pb_grpc.GRPCInferenceServiceStub
 
 
-def edit(entry: Path, section: str, **fields: Any) -> None:
-    """Change fields of a section of the entry's config.yaml (replaced, as an editor or a
-    re-export does: the copy's files are links to the session's repository)."""
-    config = read_model_config(entry)
-    (entry / "config.yaml").unlink()
-    changed = dataclasses.replace(getattr(config, section), **fields)
-    write_model_config(dataclasses.replace(config, **{section: changed}), entry)
-
-
 def only(tiny_repository: Path, target: Path, *names: str) -> Path:
     """A copy of the tiny repository holding only ``names``."""
     root = copy_repository(tiny_repository, target)
@@ -59,6 +49,26 @@ def only(tiny_repository: Path, target: Path, *names: str) -> Path:
         if entry.is_dir() and entry.name not in names:
             shutil.rmtree(entry)
     return root
+
+
+@contextlib.asynccontextmanager
+async def polled(
+    root: Path, names: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[ModelRepository, RepositoryPoller]]:
+    """``root``'s entries (``names``; empty: all) served here, and a poller of the folder."""
+    repository = ModelRepository.load(root, ServingMetrics(), names)
+    await repository.start()
+    poller = RepositoryPoller(LocalModelControl(repository, grace=5), interval=60, names=names)
+    try:
+        yield repository, poller
+    finally:
+        await poller.stop()
+        await repository.stop(0)
+
+
+def add(tiny_repository: Path, root: Path, name: str) -> None:
+    """The tiny repository's entry ``name`` copied into ``root`` (its own files)."""
+    shutil.copytree(tiny_repository / name, root / name, copy_function=shutil.copy)
 
 
 async def settle(poller: RepositoryPoller) -> list[tuple[str, str]]:
@@ -77,21 +87,16 @@ def test_a_poller_follows_the_folder(
     root = only(tiny_repository, tmp_path / "repository", "vit")
 
     async def scenario() -> None:
-        repository = ModelRepository.load(root, ServingMetrics())
-        await repository.start()
-        poller = RepositoryPoller(LocalModelControl(repository, grace=5), interval=60)
-        try:
+        async with polled(root) as (repository, poller):
             assert await poller.look() == []
             # a new entry
-            shutil.copytree(
-                tiny_repository / "translator", root / "translator", copy_function=shutil.copy
-            )
+            add(tiny_repository, root, "translator")
             assert await settle(poller) == [("load", "translator")]
             assert repository.get("translator").config.batching.max_batch_size > 0
             assert await poller.look() == []  # nothing changed since
             # a changed entry: reloaded, the new config served
             first = repository.get("translator")
-            edit(root / "translator", "batching", max_batch_size=3)
+            rewrite_config(root / "translator", batching={"max_batch_size": 3})
             assert await settle(poller) == [("load", "translator")]
             assert repository.get("translator") is not first
             assert repository.get("translator").config.batching.max_batch_size == 3
@@ -116,14 +121,9 @@ def test_a_poller_follows_the_folder(
             assert "put the entry into the folder" in str(err.value)
             assert repository.unserved() == {"translator": REMOVED}
             # and back
-            shutil.copytree(
-                tiny_repository / "translator", root / "translator", copy_function=shutil.copy
-            )
+            add(tiny_repository, root, "translator")
             assert await settle(poller) == [("load", "translator")]
             repository.get("translator")
-        finally:
-            await poller.stop()
-            await repository.stop(0)
 
     asyncio.run(scenario())
 
@@ -134,10 +134,7 @@ def test_a_change_is_acted_on_once_it_stays(tiny_repository: Path, tmp_path: Pat
     root = only(tiny_repository, tmp_path / "repository", "vit")
 
     async def scenario() -> None:
-        repository = ModelRepository.load(root, ServingMetrics())
-        await repository.start()
-        poller = RepositoryPoller(LocalModelControl(repository, grace=5), interval=60)
-        try:
+        async with polled(root) as (repository, poller):
             served = repository.get("vit")
             config = root / "vit" / "config.yaml"
             text = config.read_bytes()
@@ -147,17 +144,12 @@ def test_a_change_is_acted_on_once_it_stays(tiny_repository: Path, tmp_path: Pat
             assert await poller.look() == []  # there again, as a new file: wait
             assert repository.get("vit") is served
             assert await poller.look() == [("load", "vit")]  # the same twice: reloaded
-            shutil.copytree(
-                tiny_repository / "translator", root / "translator", copy_function=shutil.copy
-            )
+            add(tiny_repository, root, "translator")
             growing = root / "translator" / "1" / "still-copying.bin"
             for size in (1, 2, 3):
                 growing.write_bytes(b"x" * size)
                 assert await poller.look() == []
             assert await poller.look() == [("load", "translator")]
-        finally:
-            await poller.stop()
-            await repository.stop(0)
 
     asyncio.run(scenario())
 
@@ -166,21 +158,13 @@ def test_a_poller_watches_only_the_named_entries(tiny_repository: Path, tmp_path
     root = only(tiny_repository, tmp_path / "repository", "vit", "translator")
 
     async def scenario() -> None:
-        repository = ModelRepository.load(root, ServingMetrics(), ("vit",))
-        await repository.start()
-        poller = RepositoryPoller(LocalModelControl(repository, 5), 60, names=("vit",))
-        try:
-            edit(root / "translator", "batching", max_batch_size=3)
-            shutil.copytree(
-                tiny_repository / "captioner", root / "captioner", copy_function=shutil.copy
-            )
-            assert await poller.look() == []
-            edit(root / "vit", "batching", max_batch_size=5)
+        async with polled(root, ("vit",)) as (repository, poller):
+            rewrite_config(root / "translator", batching={"max_batch_size": 3})
+            add(tiny_repository, root, "captioner")
+            assert await poller.look() == await poller.look() == []  # settled, not watched
+            rewrite_config(root / "vit", batching={"max_batch_size": 5})
             assert await settle(poller) == [("load", "vit")]
             assert [m.name for m in repository.models()] == ["vit"]
-        finally:
-            await poller.stop()
-            await repository.stop(0)
 
     asyncio.run(scenario())
 
@@ -218,9 +202,7 @@ def test_a_polling_server_follows_its_folder_and_refuses_explicit_control(
             code, details = refused(call, stub, "vit")
             assert code == grpc.StatusCode.FAILED_PRECONDITION
             assert "poll" in details and "--model-control-mode explicit" in details
-        shutil.copytree(
-            tiny_repository / "translator", root / "translator", copy_function=shutil.copy
-        )
+        add(tiny_repository, root, "translator")
         assert wait_until(lambda: "translator" in ready_models(stub), TIMEOUT)
         assert translate(stub)
         shutil.rmtree(root / "translator")
@@ -257,7 +239,7 @@ def test_two_frontends_follow_the_engine_processs_polling(
         client = threading.Thread(target=traffic)
         client.start()
         try:
-            edit(root / "vit", "limits", max_batch_size=batch // 2)
+            rewrite_config(root / "vit", limits={"max_batch_size": batch // 2})
             everywhere: Callable[[], bool] = lambda: all(  # noqa: E731
                 max_batch(stub, "vit") == batch // 2 for stub in stubs
             )
