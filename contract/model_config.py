@@ -353,6 +353,86 @@ class OnnxRuntimeOptions:
 
 # --- one repository entry, by kind ------------------------------------------------------------
 
+# --- versions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatestVersions:
+    """Serve the newest ``num_versions`` version folders."""
+
+    num_versions: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_versions <= MAX_SERVED_VERSIONS:
+            raise ValueError(
+                f"num_versions must be 1..{MAX_SERVED_VERSIONS}, got {self.num_versions}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllVersions:
+    """Serve every version folder (``all: {}``)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpecificVersions:
+    """Serve these version folders (each must exist)."""
+
+    versions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.versions) <= MAX_SERVED_VERSIONS:
+            raise ValueError(f"versions must list 1..{MAX_SERVED_VERSIONS} version numbers")
+        if any(v < 0 for v in self.versions) or len(set(self.versions)) != len(self.versions):
+            raise ValueError(f"versions must be distinct numbers >= 0, got {list(self.versions)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VersionPolicy:
+    """Which version folders of the entry are served at once (Triton's ``version_policy``):
+    exactly one of ``latest``, ``all`` and ``specific``."""
+
+    latest: LatestVersions | None = None
+    all: AllVersions | None = None
+    specific: SpecificVersions | None = None
+
+    def __post_init__(self) -> None:
+        given = [n for n in ("latest", "all", "specific") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of latest: {num_versions: N}, all: {} and specific: "
+                f"{{versions: [...]}} (got {', '.join(given) or 'none'})"
+            )
+
+    def select(self, available: list[int]) -> list[int]:
+        """The served versions of an entry's ``available`` ones (ascending), ascending.
+
+        Raises:
+            ValueError: a ``specific`` version the entry lacks.
+        """
+        if self.specific is not None:
+            missing = sorted(set(self.specific.versions) - set(available))
+            if missing:
+                raise ValueError(
+                    f"version_policy.specific names version(s) {missing} that the entry lacks "
+                    f"(it has {available}); export them or edit the list"
+                )
+            return sorted(self.specific.versions)
+        if self.all is not None:
+            return list(available)
+        assert self.latest is not None
+        return list(available[-self.latest.num_versions :])
+
+
+# a bound on versions served at once: each holds its own sessions and engine
+MAX_SERVED_VERSIONS = 16
+
+
+def served_versions(policy: VersionPolicy | None, available: list[int]) -> list[int]:
+    """The versions an entry with ``policy`` (None: the newest only) serves of ``available``."""
+    return available[-1:] if policy is None else policy.select(available)
+
+
 Backend = Literal["onnxruntime", "tensorrt"]
 Precision = Literal["fp32", "fp16", "int8"]
 
@@ -374,6 +454,8 @@ class ClassifierConfig:
     onnxruntime: OnnxRuntimeOptions = field(default_factory=OnnxRuntimeOptions)
     # KServe ModelInfer answers kept in the server's response cache (serving.response_cache)
     response_cache: bool = False
+    # the version folders served at once (null: the newest; Triton's version_policy)
+    version_policy: VersionPolicy | None = None
 
     def __post_init__(self) -> None:
         _instances_need_onnxruntime(self.batching.instances, self.backend)
@@ -400,6 +482,8 @@ class GeneratorConfig:
     # KServe ModelInfer answers kept in the server's response cache (serving.response_cache;
     # a sampled request without a seed never is)
     response_cache: bool = False
+    # the version folders served at once (null: the newest; Triton's version_policy)
+    version_policy: VersionPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.input == "image" and self.image is None:

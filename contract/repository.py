@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from contract.model_config import ModelConfig, model_config_from_mapping
+from contract.model_config import ModelConfig, model_config_from_mapping, served_versions
 from contract.schema import SchemaError, dump_yaml, read_yaml
 
 # The version of what an export writes: 2 added the in-place decoder and its cache graphs.
@@ -76,6 +76,23 @@ def resolve_version(entry: str | Path, version: int | None = None) -> Path:
     if chosen not in versions:
         raise SchemaError(f"{entry} has no version {chosen}; available: {versions}")
     return Path(entry) / str(chosen)
+
+
+def served_version_dirs(entry: str | Path, config: ModelConfig) -> list[Path]:
+    """The version folders the entry's ``version_policy`` serves (default: the newest),
+    ascending.
+
+    Raises:
+        SchemaError: the entry has no version folders, or the policy names one it lacks.
+    """
+    available = version_dirs(entry)
+    if not available:
+        raise SchemaError(f"{entry} has no version folders (1/, 2/, ...); export a model into it")
+    try:
+        chosen = served_versions(config.version_policy, available)
+    except ValueError as err:
+        raise SchemaError(str(err)) from err
+    return [Path(entry) / str(v) for v in chosen]
 
 
 def read_manifest(version_dir: str | Path) -> dict[str, Any]:
