@@ -66,7 +66,7 @@ async def _drive(
 
     client = EngineClient(address)
     await client.start()
-    engine = RemoteEngine(client, MODEL, streams)
+    engine = RemoteEngine(client, MODEL, 1, streams)
     lengths = np.random.default_rng(os.getpid())
     counts = {"tokens": 0, "requests": 0, "cpu_us": 0}
 
@@ -198,7 +198,7 @@ def measure(
             address = os.path.join(folder, "engine.sock")
 
             async def run(n: int) -> dict[str, Any]:
-                server = EngineServer(ModelRepository({MODEL: model}), address)
+                server = EngineServer(ModelRepository([model]), address)
                 await server.bind()
                 try:
                     return await _point(

@@ -51,7 +51,7 @@ class _Repository:
     def __init__(self, model: Any) -> None:
         self.model = model
 
-    def get(self, name: str) -> Any:
+    def get(self, name: str, version: str = "") -> Any:
         return self.model
 
 
@@ -106,7 +106,7 @@ async def _drive(
     arena = ARENA_BYTES if transport == "shm" else 0
     client = EngineClient(path, engine_pid, arena_bytes=arena)  # every image in the arena
     await client.start()
-    batcher = RemoteBatcher(client, MODEL)
+    batcher = RemoteBatcher(client, MODEL, 1)
     shape = (3, image_size, image_size)
     image = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     latencies: list[float] = []

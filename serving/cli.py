@@ -310,7 +310,7 @@ async def _serve(config: ServerConfig) -> int:
         word for word, on in (("TLS", running.tls), ("bearer tokens", running.authenticated)) if on
     )
     print(
-        f"attnserve serving {', '.join(m.name for m in running.repository.models())} on "
+        f"attnserve serving {', '.join(running.repository.names())} on "
         f"{config.host}:{running.port}{f' ({security})' if security else ''}{metrics}",
         flush=True,
     )

@@ -48,6 +48,10 @@ The KServe ``ModelStatistics`` RPC (Triton's statistics) is computed from these 
 
 Histograms are exposed as ``<name>_bucket`` / ``_sum`` / ``_count``; counters as ``<name>``
 (ending in ``_total``) plus prometheus-client's ``<name without _total>_created``.
+
+Every series with a ``model`` label has a ``version`` label too (Triton's ``model`` /
+``version``): the served version that answered or ran it, one series per version where an
+entry serves several (``version_policy``); "" for RPCs of no model (``model="unknown"``).
 """
 
 from __future__ import annotations
@@ -213,47 +217,47 @@ class ServingMetrics:
         self.requests = Counter(
             REQUESTS,
             "Finished RPCs by gRPC status code.",
-            ["model", "method", "code"],
+            ["model", "version", "method", "code"],
             registry=reg,
         )
         self.request_latency = Histogram(
             REQUEST_DURATION,
             "RPC latency, end to end.",
-            ["model", "method"],
+            ["model", "version", "method"],
             buckets=latency,
             registry=reg,
         )
         self.request_seconds = Counter(
             REQUEST_SECONDS,
             "RPC latency summed by gRPC status code (over attnserve_requests_total: the mean).",
-            ["model", "method", "code"],
+            ["model", "version", "method", "code"],
             registry=reg,
         )
         self.last_request = Gauge(
             LAST_REQUEST,
             "When the model's last inference RPC ended, Unix time.",
-            ["model"],
+            ["model", "version"],
             registry=reg,
             multiprocess_mode="max",
         )
         self.queue_time = Histogram(
             QUEUE_DURATION,
             "Time requests waited in a queue.",
-            ["model"],
+            ["model", "version"],
             buckets=latency,
             registry=reg,
         )
         self.compute_time = Histogram(
             COMPUTE_DURATION,
             "Duration of one batched call of a stage.",
-            ["model", "stage"],
+            ["model", "version", "stage"],
             buckets=latency,
             registry=reg,
         )
         self.batch_size = Histogram(
             BATCH_SIZE,
             "Requests or sequences per batched call.",
-            ["model", "stage"],
+            ["model", "version", "stage"],
             buckets=BATCH_SIZE_BUCKETS,
             registry=reg,
         )
@@ -261,26 +265,26 @@ class ServingMetrics:
             REQUEST_COMPUTE,
             "Compute per request: a batched call once per item in it, or a generated request "
             "from admission to end.",
-            ["model", "stage"],
+            ["model", "version", "stage"],
             registry=reg,
         )
         self.queue_depth = Gauge(
             QUEUE_DEPTH,
             "Requests queued now.",
-            ["model"],
+            ["model", "version"],
             registry=reg,
             multiprocess_mode="livesum",
         )
         self.response_cache = Counter(
             RESPONSE_CACHE,
             "Response cache lookups by result: hit, miss.",
-            ["model", "result"],
+            ["model", "version", "result"],
             registry=reg,
         )
         self.response_cache_seconds = Counter(
             RESPONSE_CACHE_SECONDS,
             "Response cache lookups' time summed: a hit's answer, a miss's insertion.",
-            ["model", "result"],
+            ["model", "version", "result"],
             registry=reg,
         )
         self.response_cache_bytes = Gauge(
@@ -309,38 +313,38 @@ class ServingMetrics:
         self.time_to_first_token = Histogram(
             TIME_TO_FIRST_TOKEN,
             "Arrival to first generated token.",
-            ["model"],
+            ["model", "version"],
             buckets=latency,
             registry=reg,
         )
         self.time_per_output_token = Histogram(
             TIME_PER_OUTPUT_TOKEN,
             "Mean time between generated tokens after the first.",
-            ["model"],
+            ["model", "version"],
             buckets=latency,
             registry=reg,
         )
         self.generated_tokens = Counter(
-            GENERATED_TOKENS, "Generated tokens.", ["model"], registry=reg
+            GENERATED_TOKENS, "Generated tokens.", ["model", "version"], registry=reg
         )
         self.active_sequences = Gauge(
             ACTIVE_SEQUENCES,
             "Sequences decoding now.",
-            ["model"],
+            ["model", "version"],
             registry=reg,
             multiprocess_mode="livesum",
         )
         self.kv_cache_usage = Gauge(
             KV_CACHE_USAGE,
             "Fraction of the KV-cache in use (0..1).",
-            ["model"],
+            ["model", "version"],
             registry=reg,
             multiprocess_mode="livemax",
         )
         self.kv_cache_tokens = Gauge(
             KV_CACHE_TOKENS,
             "Tokens held in the KV-cache.",
-            ["model"],
+            ["model", "version"],
             registry=reg,
             multiprocess_mode="livesum",
         )

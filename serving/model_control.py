@@ -76,8 +76,8 @@ class LocalModelControl:
         async with self.repository.control:
             old = await self.repository.load_model(name)
             errors = await self.announce("load", name)
-            if old is not None:
-                await old.stop(self.grace)
+            if old:
+                await asyncio.gather(*(model.stop(self.grace) for model in old))
                 del old
                 release()
         _raise_for(errors, "load", name)
@@ -89,9 +89,9 @@ class LocalModelControl:
             # reach it here
             op = "remove" if removed else "unload"
             errors = await self.announce(op, name)
-            model = self.repository.withdraw(name, REMOVED if removed else UNLOADED)
-            await model.stop(self.grace)
-            del model
+            models = self.repository.withdraw(name, REMOVED if removed else UNLOADED)
+            await asyncio.gather(*(model.stop(self.grace) for model in models))
+            del models
             release()
         _raise_for(errors, "unload", name)
 

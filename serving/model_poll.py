@@ -90,7 +90,7 @@ class RepositoryPoller:
         # what each entry was when it was last loaded or tried (a failed one is not tried
         # again until it changes)
         self._seen: dict[str, Fingerprint] = {
-            model.name: fingerprint(self._root / model.name) for model in self.repository.models()
+            name: fingerprint(self._root / name) for name in self.repository.names()
         }
         # what each watched entry looked like at the last look (None: not there)
         self._last: dict[str, Fingerprint | None] = dict(self._seen)
@@ -135,7 +135,7 @@ class RepositoryPoller:
     async def look(self) -> list[tuple[str, str]]:
         """Apply what the folder asks for now; the changes made (op, name), failed ones too."""
         made = []
-        served = {model.name for model in self.repository.models()}  # read on the loop
+        served = set(self.repository.names())  # read on the loop
         for op, name, print_ in await asyncio.to_thread(self.changes, served):
             try:
                 if op == "load":

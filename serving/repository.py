@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from contract.repository import (
     MODEL_NAME_RULE,
     is_valid_model_name,
     read_model_config,
-    resolve_version,
+    served_version_dirs,
 )
 from contract.schema import SchemaError
 from serving.backends.base import Backend, BackendError
@@ -121,14 +121,17 @@ def make_backends(config: ModelConfig, version_dir: Path) -> list[Backend]:
 
 
 class ModelRepository:
-    """The served models of one repository directory, by name.
+    """The served models of one repository directory, by name and version.
 
-    Models may be loaded, reloaded and unloaded while the server runs (``load_model``,
-    ``withdraw``; Triton's model control, README: Model control); the other entries of the
-    directory are listed by ``unserved`` with the reason they are not served.
+    An entry serves the version folders its ``version_policy`` names (default: the newest),
+    each a model of its own (sessions, engine or batcher); a request names a version or takes
+    the newest served. Models may be loaded, reloaded and unloaded while the server runs
+    (``load_model``, ``withdraw``; Triton's model control, README: Model control), each entry
+    with all its served versions; the other entries of the directory are listed by
+    ``unserved`` with the reason they are not served.
 
     Args:
-        models: the served models by name.
+        models: the served models (every served version of each entry).
         root: the repository directory they were loaded from.
         not_loaded: the names of the directory's other entries (left out by ``--models``).
         metrics: where models loaded later record.
@@ -137,13 +140,16 @@ class ModelRepository:
 
     def __init__(
         self,
-        models: dict[str, ServedModel],
+        models: Iterable[ServedModel],
         root: Path | None = None,
         not_loaded: tuple[str, ...] = (),
         metrics: ServingMetrics | None = None,
         factory: ModelFactory | None = None,
     ) -> None:
-        self._models = models
+        # name -> version -> model, versions ascending
+        self._models: dict[str, dict[int, ServedModel]] = {}
+        for model in sorted(models, key=lambda m: (m.name, m.version)):
+            self._models.setdefault(model.name, {})[model.version] = model
         self.root = root
         self.metrics = metrics
         self.factory = factory
@@ -191,23 +197,21 @@ class ModelRepository:
             entries = [p for p in entries if p.name in names]
         if not entries:
             raise RepositoryError(f"{root} holds no models (no */config.yaml)")
-        models = {}
-        for entry in entries:
-            model = build_model(entry, metrics, factory)
-            models[model.name] = model
+        models = [model for entry in entries for model in build_models(entry, metrics, factory)]
         return cls(models, root, not_loaded, metrics, factory)
 
-    def get(self, name: str) -> ServedModel:
-        """The served model called ``name``.
+    def get(self, name: str, version: str = "") -> ServedModel:
+        """The served model called ``name``: its ``version`` (digits), or with none the newest
+        served.
 
         Raises:
             InvalidArgument: ``name`` cannot be a model name (a path, empty, too long, ...).
             NotFound: listing the models this server has (and, for an entry of the repository
-                that is not served, why and how to load it).
+                that is not served, why and how to load it), or the versions it serves.
         """
         check_model_name(name)
-        model = self._models.get(name)
-        if model is None:
+        versions = self._models.get(name)
+        if versions is None:
             known = ", ".join(sorted(self._models)) or "none"
             reason = self._reasons.get(name)
             if reason is not None:
@@ -215,10 +219,30 @@ class ModelRepository:
                     f"model {name!r} is not served ({reason}); {self.load_hint}; served: {known}"
                 )
             raise NotFound(f"no model named {name[:100]!r}; this server has: {known}")
+        if not version:
+            return versions[next(reversed(versions))]
+        model = versions.get(int(version)) if version.isascii() and version.isdigit() else None
+        if model is None:
+            served = ", ".join(map(str, versions))
+            raise NotFound(
+                f"model {name!r} has no version {version[:40]!r}; it serves version"
+                + (f" {served}: send that" if len(versions) == 1 else f"s {served}: send one")
+                + " or leave the version empty (the newest)"
+            )
         return model
 
+    def versions(self, name: str) -> list[int]:
+        """The versions of ``name`` served, ascending (NotFound as ``get``)."""
+        self.get(name)
+        return list(self._models[name])
+
     def models(self) -> list[ServedModel]:
-        return [self._models[name] for name in sorted(self._models)]
+        """Every served model, each version apart, by name and version."""
+        return [model for name in sorted(self._models) for model in self._models[name].values()]
+
+    def names(self) -> list[str]:
+        """The served models' names."""
+        return sorted(self._models)
 
     def unserved(self) -> dict[str, str]:
         """The entries of the repository directory that are not served, with the reason."""
@@ -233,21 +257,22 @@ class ModelRepository:
         }
 
     async def start(self) -> None:
-        for model in self._models.values():
+        for model in self.models():
             await model.start()
 
     async def stop(self, grace: float) -> None:
-        for model in self._models.values():
+        for model in self.models():
             await model.stop(grace)
 
     # --- model control --------------------------------------------------------------------------
-    async def load_model(self, name: str) -> ServedModel | None:
-        """Load (or reload) the entry ``name`` from the repository directory and serve it (the
-        caller holds ``control``).
+    async def load_model(self, name: str) -> list[ServedModel]:
+        """Load (or reload) the entry ``name`` from the repository directory and serve it, every
+        version its policy names (the caller holds ``control``).
 
-        The new model is built off the event loop and started before it replaces the one it
-        reloads, so requests never find the name unserved; requests already running keep the
-        old one, which is returned for the caller to stop (None where none was served).
+        The new models are built off the event loop and started before they replace the ones
+        they reload, so requests never find the name unserved; requests already running keep
+        the old ones, which are returned for the caller to stop (none where none was served;
+        a version the policy no longer names among them).
 
         Raises:
             InvalidArgument: ``name`` cannot be a model name.
@@ -258,41 +283,45 @@ class ModelRepository:
         check_model_name(name)
         entry = self._entry(name)
         try:
-            model = await asyncio.to_thread(build_model, entry, self.metrics, self.factory)
+            models = await asyncio.to_thread(build_models, entry, self.metrics, self.factory)
         except RepositoryError as err:
             raise self._failed(name, err) from err
+        started: list[ServedModel] = []
         try:
-            await model.start()
+            for model in models:
+                await model.start()
+                started.append(model)
         except Exception as err:  # e.g. a classifier's warm-up call failing
-            await model.stop(0)
+            for model in [*started, models[len(started)]]:
+                await model.stop(0)
             raise self._failed(name, RepositoryError(f"cannot start {entry}: {err}")) from err
-        old = self._models.get(name)
-        self._models[name] = model
+        old = list(self._models.get(name, {}).values())
+        self._models[name] = {model.version: model for model in models}
         self._reasons.pop(name, None)
         return old
 
     def _failed(self, name: str, err: RepositoryError) -> FailedPrecondition:
         if name not in self._models:
             self._reasons[name] = f"load failed: {err}"
-        kept = " (the version loaded before stays served)" if name in self._models else ""
+        served = len(self._models.get(name, ()))
+        kept = {0: "", 1: " (the version loaded before stays served)"}.get(
+            served, " (the versions loaded before stay served)"
+        )
         return FailedPrecondition(f"{err}; fix the entry and load it again{kept}")
 
-    def withdraw(self, name: str, reason: str = UNLOADED) -> ServedModel:
-        """Stop serving ``name`` to new requests (NOT_FOUND, saying why: ``reason``; the caller
-        holds ``control``); returns the model for the caller to stop (requests already running
-        finish on it).
+    def withdraw(self, name: str, reason: str = UNLOADED) -> list[ServedModel]:
+        """Stop serving ``name`` (every version) to new requests (NOT_FOUND, saying why:
+        ``reason``; the caller holds ``control``); returns the models for the caller to stop
+        (requests already running finish on them).
 
         Raises:
             InvalidArgument: ``name`` cannot be a model name.
             NotFound: no model ``name`` is served.
         """
-        check_model_name(name)
-        model = self._models.pop(name, None)
-        if model is None:
-            self.get(name)  # raises, saying why it is not served
-        assert model is not None
+        self.get(name)  # raises, saying why it is not served
+        versions = self._models.pop(name)
         self._reasons[name] = reason
-        return model
+        return list(versions.values())
 
     def _entry(self, name: str) -> Path:
         entry = None if self.root is None else self.root / name
@@ -319,11 +348,11 @@ def check_model_name(name: str) -> None:
         )
 
 
-def build_model(
+def build_models(
     entry: Path, metrics: ServingMetrics | None, factory: ModelFactory | None
-) -> ServedModel:
-    """The served model of one repository entry (not started): its graphs loaded here, or
-    ``factory``'s model.
+) -> list[ServedModel]:
+    """The served models of one repository entry (not started), one per version its
+    ``version_policy`` names: their graphs loaded here, or ``factory``'s models.
 
     Raises:
         RepositoryError: the folder name is not a valid model name, or the entry's config or
@@ -335,17 +364,18 @@ def build_model(
             f"model name ({MODEL_NAME_RULE}); rename the folder and the `name` in its "
             "config.yaml"
         )
+    models: list[ServedModel] = []
     try:
         config = read_model_config(entry)
         if config.name != entry.name:
             raise SchemaError(f"config.yaml names {config.name!r} but sits in {entry.name}/")
-        version_dir = resolve_version(entry)
-        if factory is None:
-            first, *more = make_backends(config, version_dir)
-            model = serve(config, version_dir, first, metrics, more)
-        else:
-            model = factory(config, version_dir)
+        for version_dir in served_version_dirs(entry, config):
+            if factory is None:
+                first, *more = make_backends(config, version_dir)
+                models.append(serve(config, version_dir, first, metrics, more))
+            else:
+                models.append(factory(config, version_dir))
+            log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
     except (SchemaError, BackendError, OSError, ValueError) as err:
         raise RepositoryError(f"cannot serve {entry}: {err}") from err
-    log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
-    return model
+    return models

@@ -37,7 +37,7 @@ from serving.kserve.request import Call
 from serving.kserve.shared_memory import REGION
 from serving.metrics import ServingMetrics
 from serving.proto_gen.inference import grpc_service_pb2 as pb
-from serving.served import ServedGenerator
+from serving.served import ServedGenerator, ServedModel
 
 # request parameters that change how a request is scheduled, not what it computes
 SCHEDULING_PARAMETERS = ("priority", "timeout")
@@ -58,7 +58,7 @@ class ResponseCache:
         self._entries: OrderedDict[bytes, bytes] = OrderedDict()
         self._metrics = metrics
         # (model, result) -> the lookup counter's child and the seconds counter's child
-        self._recorders: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._recorders: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         # a number per loaded model, in its keys: a reload's model gets a new one, so no
         # answer of the model it replaced (same name and version, other files) is served
         self._loads: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -99,16 +99,18 @@ class ResponseCache:
             self._metrics.response_cache_entries.set(len(self._entries))
         return True
 
-    def record(self, model: str, result: str, seconds: float) -> None:
+    def record(self, model: ServedModel, result: str, seconds: float) -> None:
         """One lookup of ``model``'s that ended ``result`` ("hit" / "miss"), and its time."""
         if self._metrics is None:
             return
-        recorders = self._recorders.get((model, result))
+        key = (model.name, model.version, result)
+        recorders = self._recorders.get(key)
         if recorders is None:
             m = self._metrics
-            recorders = self._recorders[(model, result)] = (
-                m.response_cache.labels(model=model, result=result),
-                m.response_cache_seconds.labels(model=model, result=result),
+            labels = {"model": model.name, "version": str(model.version), "result": result}
+            recorders = self._recorders[key] = (
+                m.response_cache.labels(**labels),
+                m.response_cache_seconds.labels(**labels),
             )
         count, total = recorders
         count.inc()
@@ -126,7 +128,7 @@ async def answer(cache: ResponseCache, call: Call) -> pb.ModelInferResponse:
     if held is not None:
         response = pb.ModelInferResponse.FromString(held)
         response.id = call.request.id
-        cache.record(call.model.name, "hit", time.perf_counter() - started)
+        cache.record(call.model, "hit", time.perf_counter() - started)
         return response
     looked = time.perf_counter() - started
     response = await infer(call)
@@ -134,7 +136,7 @@ async def answer(cache: ResponseCache, call: Call) -> pb.ModelInferResponse:
     request_id, response.id = response.id, ""
     cache.put(key, response.SerializeToString())
     response.id = request_id
-    cache.record(call.model.name, "miss", looked + time.perf_counter() - inserting)
+    cache.record(call.model, "miss", looked + time.perf_counter() - inserting)
     return response
 
 

@@ -178,7 +178,7 @@ async def create_server(
         )
     log.info(
         "serving %s on %s:%d (%s, %s)",
-        [m.name for m in repository.models()],
+        repository.names(),
         config.host,
         port,
         "TLS" if credentials else "plaintext",

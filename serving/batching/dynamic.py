@@ -123,13 +123,14 @@ class _Instruments:
     queue_depth: Any
 
     @classmethod
-    def bind(cls, metrics: ServingMetrics, model: str, stage: str) -> _Instruments:
+    def bind(cls, metrics: ServingMetrics, model: str, version: str, stage: str) -> _Instruments:
+        labels = {"model": model, "version": version}
         return cls(
-            queue_time=metrics.queue_time.labels(model=model),
-            batch_size=metrics.batch_size.labels(model=model, stage=stage),
-            compute_time=metrics.compute_time.labels(model=model, stage=stage),
-            request_compute=metrics.request_compute.labels(model=model, stage=stage),
-            queue_depth=metrics.queue_depth.labels(model=model),
+            queue_time=metrics.queue_time.labels(**labels),
+            batch_size=metrics.batch_size.labels(**labels, stage=stage),
+            compute_time=metrics.compute_time.labels(**labels, stage=stage),
+            request_compute=metrics.request_compute.labels(**labels, stage=stage),
+            queue_depth=metrics.queue_depth.labels(**labels),
         )
 
 
@@ -154,6 +155,7 @@ class DynamicBatcher(Generic[T, R]):
         executor: concurrent.futures.Executor | None = None,
         metrics: ServingMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        version: str = "",
     ) -> None:
         """Create a stopped batcher; ``start()`` it inside the event loop that will submit.
 
@@ -168,6 +170,7 @@ class DynamicBatcher(Generic[T, R]):
                 threads the batcher owns.
             metrics: where to record queue time, batch size, compute time and queue depth.
             clock: monotonic seconds; injectable for tests.
+            version: the model's version, the metrics ``version`` label.
         """
         self.name = name
         self.stage = stage
@@ -176,7 +179,7 @@ class DynamicBatcher(Generic[T, R]):
         self._max_delay_s = settings.max_queue_delay_us / 1e6
         self._executor = executor
         self._owns_executor = executor is None
-        self._instruments = _Instruments.bind(metrics, name, stage) if metrics else None
+        self._instruments = _Instruments.bind(metrics, name, version, stage) if metrics else None
         self._clock = clock
         self._queue: deque[_Pending[T, R]] = deque()
         self._wakeup = asyncio.Event()

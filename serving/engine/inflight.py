@@ -92,11 +92,13 @@ class InFlightEngine:
         gauge_board: GaugeBoard | None = None,
         overlap: bool = False,
         block: bool = False,
+        version: str = "",
     ) -> None:
         """Create a stopped engine; ``start()`` it.
 
         Args:
             name: the model's name (messages, metric labels).
+            version: the model's version (the metrics' ``version`` label).
             runner: runs the encoder (and, for the padded cache, the decoder).
             spec: the decoder facts.
             max_new_tokens: the model's limit on generated tokens.
@@ -141,7 +143,7 @@ class InFlightEngine:
         self._joining_rows = 0  # rows of the joiners whose encoder pass runs now
         self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
         self._state = RowState(max_rows, spec.max_positions)
-        self.meters = EngineMeters(name, metrics, self._state, instance, gauge_board)
+        self.meters = EngineMeters(name, metrics, self._state, instance, gauge_board, version)
         self._layout = StepLayout(self._state)  # of ``sequences``, changed with them
         # set when a request of this engine is cancelled: the next iteration looks for its rows
         self._cancels = threading.Event()

@@ -31,6 +31,7 @@ class EngineMeters:
         state: the engine's rows (their last token times).
         instance: the engine's index among the model's instances.
         gauge_board: where the instances' gauges are summed; None for one instance.
+        version: the model's version (the ``version`` label; its ``model`` label: ``name``).
     """
 
     def __init__(
@@ -40,8 +41,10 @@ class EngineMeters:
         state: RowState,
         instance: int = 0,
         gauge_board: GaugeBoard | None = None,
+        version: str = "",
     ) -> None:
         self.name = name
+        self.version = version
         self.metrics = metrics
         self.instance = instance
         self.gauge_board = gauge_board
@@ -74,8 +77,10 @@ class EngineMeters:
         child = self._children.get(key)
         if child is None:
             assert self.metrics is not None
-            labels = {} if stage is None else {"stage": stage}
-            child = getattr(self.metrics, metric).labels(model=self.name, **labels)
+            labels = {"model": self.name, "version": self.version}
+            if stage is not None:
+                labels["stage"] = stage
+            child = getattr(self.metrics, metric).labels(**labels)
             self._children[key] = child
         return child
 

@@ -1,9 +1,10 @@
 """KServe v2 / Triton ``ModelStatistics``, computed from the server's Prometheus series.
 
-Triton keeps cumulative counts and durations per model. attnserve reads the same figures off the
-series its /metrics exposes (``serving.metrics``), through the registry /metrics serves: in a
-multi-process server every process's values added up, so any frontend answers for the whole
-server and the two views never disagree.
+Triton keeps cumulative counts and durations per model version. attnserve reads the same
+figures off the series its /metrics exposes (``serving.metrics``, by their ``model`` and
+``version`` labels), through the registry /metrics serves: in a multi-process server every
+process's values added up, so any frontend answers for the whole server and the two views never
+disagree.
 
 ===============================  ==============================================================
 ModelStatistics field            from
@@ -60,12 +61,13 @@ def series_totals(registry: CollectorRegistry) -> defaultdict[tuple[str, ...], f
     """The series ``ModelStatistics`` needs, summed in one pass over the registry's samples
     (every process's in multi-process mode), keyed (what, model, and the outcome or the sample
     suffix): ("requests" | "seconds", model, "OK" | "failed"), ("queue", model, "count" | "sum"),
-    ("compute", model), ("batches", model, stage, "count" | "sum"), ("last", model)."""
+    ("compute", model), ("batches", model, stage, "count" | "sum"), ("last", model); where
+    ``model`` is the ``model`` and ``version`` labels as NAME/VERSION (``series_key``)."""
     totals: defaultdict[tuple[str, ...], float] = defaultdict(float)
     for family in registry.collect():
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
-            model = labels.get("model", "")
+            model = f"{labels.get('model', '')}/{labels.get('version', '')}"
             if name in (REQUESTS, REQUEST_SECONDS) and labels.get("method") in INFERENCE_METHODS:
                 what = "requests" if name == REQUESTS else "seconds"
                 totals[(what, model, "OK" if labels.get("code") == "OK" else "failed")] += value
@@ -82,6 +84,11 @@ def series_totals(registry: CollectorRegistry) -> defaultdict[tuple[str, ...], f
             elif name == LAST_REQUEST:
                 totals[("last", model)] = max(totals[("last", model)], value)
     return totals
+
+
+def series_key(model: ServedModel) -> str:
+    """How ``series_totals`` keys a served model's series: NAME/VERSION (names hold no /)."""
+    return f"{model.name}/{model.version}"
 
 
 def entry_stage(model: ServedModel) -> str:
@@ -114,7 +121,7 @@ def model_statistics(
     totals = series_totals(registry)
     out = []
     for model in models:
-        name, stage = model.name, entry_stage(model)
+        name, stage = series_key(model), entry_stage(model)
         inferences = totals[("batches", name, stage, "sum")]
         stats = pb.InferStatistics(
             success=_outcome(totals, name, "OK"),
@@ -128,7 +135,7 @@ def model_statistics(
         )
         out.append(
             pb.ModelStatistics(
-                name=name,
+                name=model.name,
                 version=str(model.version),
                 last_inference=round(totals[("last", name)] * 1000),
                 inference_count=round(inferences),

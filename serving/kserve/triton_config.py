@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 
-from contract.model_config import ImageSpec
+from contract.model_config import ImageSpec, VersionPolicy
 from serving.kserve.signature import TensorSpec, max_batch, platform, signature
 from serving.kserve.tensors import BYTES
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -49,7 +49,7 @@ def model_config(model: ServedModel) -> pb.ModelConfig:
         platform=platform(c),
         backend=c.backend,
         max_batch_size=max_batch(c),
-        version_policy=pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=1)),
+        version_policy=version_policy(c.version_policy),
         input=[_config_input(spec) for spec in sig.inputs],
         output=[
             pb.ModelOutput(name=s.name, data_type=CONFIG_TYPES[s.datatype], dims=list(s.dims))
@@ -69,6 +69,17 @@ def model_config(model: ServedModel) -> pb.ModelConfig:
     for key, value in _parameters(model).items():
         config.parameters[key].string_value = value
     return config
+
+
+def version_policy(policy: VersionPolicy | None) -> pb.ModelVersionPolicy:
+    """A config.yaml's ``version_policy`` as Triton's (None: the newest version)."""
+    if policy is None or policy.latest is not None:
+        count = policy.latest.num_versions if policy is not None and policy.latest else 1
+        return pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=count))
+    if policy.specific is not None:
+        versions = list(policy.specific.versions)
+        return pb.ModelVersionPolicy(specific=pb.ModelVersionPolicy.Specific(versions=versions))
+    return pb.ModelVersionPolicy(all=pb.ModelVersionPolicy.All())
 
 
 LAYOUTS = {"NCHW": pb.ModelInput.FORMAT_NCHW, "NHWC": pb.ModelInput.FORMAT_NHWC}

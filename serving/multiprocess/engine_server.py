@@ -257,7 +257,7 @@ class EngineServer:
         """Queue the generation on its model's engine; its events go to the frontend as the
         decode loop delivers them (a listener on this loop, no task per request)."""
         try:
-            model = self.repository.get(str(header["model"]))
+            model = self.repository.get(str(header["model"]), str(header.get("version", "")))
             if not isinstance(model, ServedGenerator):
                 raise InvalidArgument(f"model {model.name!r} does not generate text")
             engine = model.engine
@@ -288,7 +288,7 @@ class EngineServer:
         """Queue the image in its model's batcher; the answer goes to the frontend from a
         callback on the result (no task per request)."""
         try:
-            model = self.repository.get(str(header["model"]))
+            model = self.repository.get(str(header["model"]), str(header.get("version", "")))
             if not isinstance(model, ServedClassifier):
                 raise InvalidArgument(f"model {model.name!r} is not a classifier")
             batcher = model.batcher

@@ -78,7 +78,7 @@ async def _engine(config: ServerConfig, address: str, ready: Connection) -> None
     server = EngineServer(repository, address, config.grace_period_s, logs)
     await server.bind()
     stop = _stop_event()
-    ready.send(("ready", [model.name for model in repository.models()]))
+    ready.send(("ready", repository.names()))
     poller = None
     if config.model_control_mode == "poll":  # this process follows the folder for all
         poller = RepositoryPoller(server.control, config.repository_poll_secs, config.models)
@@ -104,11 +104,11 @@ def remote_models(client: EngineClient) -> ModelFactory:
     """Served models whose engines and batchers run in the engine process behind ``client``."""
 
     def make(config: ModelConfig, version_dir: Path) -> ServedModel:
+        version = int(version_dir.name)
         if isinstance(config, ClassifierConfig):
-            return ServedClassifier(
-                config, version_dir, None, batcher=RemoteBatcher(client, config.name)
-            )
-        engine = RemoteEngine(client, config.name, config.batching.decode_rows)
+            batcher = RemoteBatcher(client, config.name, version)
+            return ServedClassifier(config, version_dir, None, batcher=batcher)
+        engine = RemoteEngine(client, config.name, version, config.batching.decode_rows)
         return ServedGenerator(config, version_dir, None, engine=engine)
 
     return make

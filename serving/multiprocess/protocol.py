@@ -10,12 +10,13 @@ messages.
 
 Frontend -> engine (each frontend on a connection of its own):
 
-- ``generate``: ``{"t": "generate", "id", "model", "options": {...}, "deadline", "arrival",
-  "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array frame
-  (``priority``: the request's queue level, resolved by the frontend);
-- ``classify``: ``{"t": "classify", "id", "model", "timeout", "priority", "times"?, "arrays":
-  [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher resolves;
-  ``times``: a traced request's, whose ``result`` then carries its batch times);
+- ``generate``: ``{"t": "generate", "id", "model", "version", "options": {...}, "deadline",
+  "arrival", "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array
+  frame (``priority``: the request's queue level, resolved by the frontend; ``version``: the
+  served version the request is for, absent: the newest served);
+- ``classify``: ``{"t": "classify", "id", "model", "version", "timeout", "priority", "times"?,
+  "arrays": [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher
+  resolves; ``times``: a traced request's, whose ``result`` then carries its batch times);
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
 - ``load`` / ``unload``: ``{"t": "load" | "unload", "id", "model"}``: model control
   (``serving.model_control``); answered by a ``done`` or ``error`` item once every frontend has

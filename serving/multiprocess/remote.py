@@ -312,9 +312,10 @@ def _alive(pid: int) -> bool:
 class RemoteEngine:
     """``GenerationEngine`` of one model whose decode loop runs in the engine process."""
 
-    def __init__(self, client: EngineClient, model: str, max_rows: int) -> None:
+    def __init__(self, client: EngineClient, model: str, version: int, max_rows: int) -> None:
         self.client = client
         self.model = model
+        self.version = version
         self._max_rows = max_rows
 
     @property
@@ -346,6 +347,7 @@ class RemoteEngine:
                 "t": "generate",
                 "id": request_id,
                 "model": self.model,
+                "version": self.version,
                 "options": options_payload(request.options),
                 "deadline": request.deadline,
                 "arrival": request.arrival,
@@ -369,9 +371,10 @@ class RemoteEngine:
 class RemoteBatcher:
     """``Batcher`` of one classifier whose dynamic batcher runs in the engine process."""
 
-    def __init__(self, client: EngineClient, model: str) -> None:
+    def __init__(self, client: EngineClient, model: str, version: int) -> None:
         self.client = client
         self.model = model
+        self.version = version
 
     @property
     def running(self) -> bool:
@@ -402,6 +405,7 @@ class RemoteBatcher:
             "t": "classify",
             "id": request_id,
             "model": self.model,
+            "version": self.version,
             "timeout": timeout_s,
             "priority": priority,
         }

@@ -105,7 +105,12 @@ class ServedClassifier(ServedEntry):
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype
         )
         self.batcher: Batcher = batcher or DynamicBatcher(
-            config.name, self._classify_batch, config.batching, metrics=metrics, stage="classifier"
+            config.name,
+            self._classify_batch,
+            config.batching,
+            metrics=metrics,
+            stage="classifier",
+            version=str(self.version),
         )
 
     # --- lifecycle ------------------------------------------------------------------------------

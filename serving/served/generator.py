@@ -111,6 +111,7 @@ def local_engine(
     metrics: ServingMetrics | None,
     instance: int = 0,
     gauge_board: GaugeBoard | None = None,
+    version: str = "",
 ) -> InFlightEngine:
     """The in-process engine over ``backend`` (in-place KV cache when the graphs allow);
     ``instance`` and ``gauge_board`` for one of several instances of the model."""
@@ -134,6 +135,7 @@ def local_engine(
         gauge_board=gauge_board,
         overlap=overlap and cache is not None,
         block=_runs_blocks(cache, config),
+        version=version,
     )
 
 
@@ -151,13 +153,19 @@ def _runs_blocks(cache: InPlaceKVCache | None, config: GeneratorConfig) -> bool:
 
 
 def local_engines(
-    config: GeneratorConfig, backends: Sequence[Backend], metrics: ServingMetrics | None
+    config: GeneratorConfig,
+    backends: Sequence[Backend],
+    metrics: ServingMetrics | None,
+    version: str = "",
 ) -> InFlightEngine | EnginePool:
-    """One engine per backend: the engine itself for one, else a pool summing their gauges."""
+    """One engine per backend: the engine itself for one, else a pool summing their gauges
+    (``version``: the model's, a metrics label)."""
     if len(backends) == 1:
-        return local_engine(config, backends[0], metrics)
+        return local_engine(config, backends[0], metrics, version=version)
     board = GaugeBoard(len(backends))
-    return EnginePool([local_engine(config, b, metrics, i, board) for i, b in enumerate(backends)])
+    return EnginePool(
+        [local_engine(config, b, metrics, i, board, version) for i, b in enumerate(backends)]
+    )
 
 
 class GenerationEngine(Protocol):
@@ -224,7 +232,7 @@ class ServedGenerator(ServedEntry):
         if engine is None:
             if backend is None:
                 raise ValueError(f"model {config.name!r}: a local engine needs the backend")
-            engine = local_engines(config, [backend, *more_backends], metrics)
+            engine = local_engines(config, [backend, *more_backends], metrics, str(self.version))
         self.engine: GenerationEngine = engine
         first = engine.engines[0] if isinstance(engine, EnginePool) else engine
         local = isinstance(first, InFlightEngine)

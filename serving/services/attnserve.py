@@ -48,12 +48,8 @@ def _model_name(request: Any, task: str) -> str:
     return request.model or DEFAULT_MODELS[task]
 
 
-def _check_version(model: ServedModel, requested: str) -> None:
-    if requested and requested != str(model.version):
-        raise InvalidArgument(
-            f"model {model.name!r} serves version {model.version}, not {requested!r}; "
-            "leave model_version empty for the served one"
-        )
+def _version(request: Any) -> str:
+    return str(request.model_version)
 
 
 def _timing(result: Generated) -> pb.Timing:
@@ -84,8 +80,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     """Translate, caption, classify; list and describe models."""
 
     def _model(self, name: str, version: str, task: str) -> ServedModel:
-        model: ServedModel = self.repository.get(name)
-        _check_version(model, version)
+        model: ServedModel = self.repository.get(name, version)
         if model.config.task != task:
             raise InvalidArgument(
                 f"model {name!r} does {model.config.task}, not {task}; pick another model"
@@ -103,7 +98,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         return model
 
     # --- translation ----------------------------------------------------------------------------
-    @unary("Translate", lambda r: _model_name(r, "translate"))
+    @unary("Translate", lambda r: _model_name(r, "translate"), version_of=_version)
     async def Translate(self, request: pb.TranslateRequest, context: grpc.aio.ServicerContext):
         model = self._generator(
             _model_name(request, "translate"), request.model_version, "translation"
@@ -143,7 +138,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         response.timing.CopyFrom(_timing(max(results, key=lambda r: r.total_seconds)))
         return response
 
-    @streaming("TranslateStream", lambda r: _model_name(r, "translate"))
+    @streaming("TranslateStream", lambda r: _model_name(r, "translate"), _version)
     async def TranslateStream(
         self, request: pb.TranslateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.TranslateStreamResponse]:
@@ -161,7 +156,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             yield self._stream_message(pb.TranslateStreamResponse, model, item)
 
     # --- captioning -----------------------------------------------------------------------------
-    @unary("Caption", lambda r: _model_name(r, "caption"))
+    @unary("Caption", lambda r: _model_name(r, "caption"), version_of=_version)
     async def Caption(self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext):
         model = self._generator(
             _model_name(request, "caption"), request.model_version, "captioning"
@@ -185,7 +180,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             timing=_timing(result),
         )
 
-    @streaming("CaptionStream", lambda r: _model_name(r, "caption"))
+    @streaming("CaptionStream", lambda r: _model_name(r, "caption"), _version)
     async def CaptionStream(
         self, request: pb.CaptionRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CaptionStreamResponse]:
@@ -215,7 +210,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
         )
 
     # --- classification -------------------------------------------------------------------------
-    @unary("Classify", lambda r: _model_name(r, "classify"))
+    @unary("Classify", lambda r: _model_name(r, "classify"), version_of=_version)
     async def Classify(self, request: pb.ClassifyRequest, context: grpc.aio.ServicerContext):
         model = self._classifier(_model_name(request, "classify"), request.model_version)
         pixels = model.image_pixels(request.image)
@@ -231,23 +226,27 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     # --- metadata -------------------------------------------------------------------------------
     @unary("ListModels", lambda r: "")
     async def ListModels(self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext):
-        return pb.ListModelsResponse(models=[model_info(m) for m in self.repository.models()])
+        # one per model, at its newest served version (``versions``: all served)
+        models = [self.repository.get(name) for name in self.repository.names()]
+        return pb.ListModelsResponse(models=[self._info(m) for m in models])
 
-    @unary("GetModel", lambda r: r.name)
+    @unary("GetModel", lambda r: r.name, version_of=lambda r: r.version)
     async def GetModel(self, request: pb.GetModelRequest, context: grpc.aio.ServicerContext):
         if not request.name:
             raise InvalidArgument("name is empty; ListModels shows the served models")
-        model = self.repository.get(request.name)
-        _check_version(model, request.version)
-        return model_info(model)
+        return self._info(self.repository.get(request.name, request.version))
+
+    def _info(self, model: ServedModel) -> pb.ModelInfo:
+        return model_info(model, self.repository.versions(model.name))
 
 
-def model_info(model: ServedModel) -> pb.ModelInfo:
-    """ModelInfo of a served model: kind, limits, batching, languages or labels."""
+def model_info(model: ServedModel, versions: list[int]) -> pb.ModelInfo:
+    """ModelInfo of a served model (one version; ``versions``: all its served ones): kind,
+    limits, batching, languages or labels."""
     c = model.config
     info = pb.ModelInfo(
         name=c.name,
-        versions=[str(model.version)],
+        versions=list(map(str, versions)),
         version=str(model.version),
         kind=c.kind,
         task=c.task,

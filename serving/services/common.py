@@ -55,36 +55,41 @@ class Servicer:
         self.repository = repository
         self.metrics = metrics
         self.state = state
-        # (model, method, code) -> the children of the request counter, the latency histogram,
-        # the summed latency and (inference methods) the last-request gauge,
+        # (model, version, method, code) -> the children of the request counter, the latency
+        # histogram, the summed latency and (inference methods) the last-request gauge,
         # looked up once (``labels`` takes a lock and builds its key on every call); bounded, as
         # names no model has are counted as UNKNOWN_MODEL
-        self._recorders: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
+        self._recorders: dict[tuple[str, str, str, str], tuple[Any, Any, Any, Any]] = {}
 
-    def model_label(self, name: str) -> str:
+    def model_label(self, name: str, version: str = "") -> tuple[str, str]:
+        """The metrics ``model`` and ``version`` labels of a request for ``name`` (and
+        ``version``; empty: the newest served): ("unknown", "") where no model serves it."""
         try:
-            return self.repository.get(name).name
+            model = self.repository.get(name, version)
         except ServingError:
-            return UNKNOWN_MODEL
+            return UNKNOWN_MODEL, ""
+        return model.name, str(model.version)
 
-    def start_trace(self, name: str, request_id: str) -> Trace | None:
+    def start_trace(self, name: str, version: str, request_id: str) -> Trace | None:
         """A trace of this request if it is sampled (None for a name no model has)."""
         try:
-            model = self.repository.get(name)
+            model = self.repository.get(name, version)
         except ServingError:
             return None
         return self.state.tracer.start(model.name, model.version, request_id)
 
-    def record(self, model: str, method: str, code: str, started: float) -> None:
-        recorders = self._recorders.get((model, method, code))
+    def record(self, model: tuple[str, str], method: str, code: str, started: float) -> None:
+        key = (*model, method, code)
+        recorders = self._recorders.get(key)
         if recorders is None:
             m = self.metrics
-            inference = method in INFERENCE_METHODS and model != UNKNOWN_MODEL
-            recorders = self._recorders[(model, method, code)] = (
-                m.requests.labels(model=model, method=method, code=code),
-                m.request_latency.labels(model=model, method=method),
-                m.request_seconds.labels(model=model, method=method, code=code),
-                m.last_request.labels(model=model) if inference else None,
+            inference = method in INFERENCE_METHODS and model[0] != UNKNOWN_MODEL
+            labels = {"model": model[0], "version": model[1]}
+            recorders = self._recorders[key] = (
+                m.requests.labels(**labels, method=method, code=code),
+                m.request_latency.labels(**labels, method=method),
+                m.request_seconds.labels(**labels, method=method, code=code),
+                m.last_request.labels(**labels) if inference else None,
             )
         count, latency, seconds, last = recorders
         took = time.perf_counter() - started
@@ -124,6 +129,7 @@ async def served_call(
     refuse_when_draining: bool = True,
     report: ErrorSink | None = None,
     request_id: str = "",
+    version: str = "",
 ) -> AsyncIterator[None]:
     """The envelope of every RPC: map errors to statuses, record the request metrics, and
     trace the inference requests that the trace settings sample (``serving.tracing``).
@@ -138,6 +144,7 @@ async def served_call(
         report: where a failure goes instead of aborting the call (one request of a KServe
             stream fails into its response's error_message; the stream stays open).
         request_id: the request's own id (KServe's), written into its trace.
+        version: the requested version (empty: the newest served), for the metrics and trace.
     """
     started = time.perf_counter()
     code = "OK"
@@ -145,7 +152,7 @@ async def served_call(
     servicer.state.active += 1
     trace = None
     if servicer.state.tracer.enabled and method in INFERENCE_METHODS:
-        trace = servicer.start_trace(model, request_id)
+        trace = servicer.start_trace(model, version, request_id)
         if trace is not None:
             trace.stamp("REQUEST_START", time.monotonic_ns())
             token = tracing.current.set(trace)
@@ -157,7 +164,7 @@ async def served_call(
         if not ended:
             ended = True
             servicer.state.active -= 1
-            servicer.record(servicer.model_label(model), method, code, started)
+            servicer.record(servicer.model_label(model, version), method, code, started)
 
     try:
         if refuse_when_draining:
@@ -185,9 +192,14 @@ async def served_call(
 
 
 def unary(
-    method: str, model_of: Callable[[Any], str], *, refuse_when_draining: bool = True
+    method: str,
+    model_of: Callable[[Any], str],
+    *,
+    refuse_when_draining: bool = True,
+    version_of: Callable[[Any], str] | None = None,
 ) -> Callable:
-    """Wrap a unary servicer method in ``served_call`` (``refuse_when_draining``: see there)."""
+    """Wrap a unary servicer method in ``served_call`` (``refuse_when_draining``: see there;
+    ``version_of``: the request's model version, for the metrics)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -199,6 +211,7 @@ def unary(
                 context,
                 refuse_when_draining=refuse_when_draining,
                 request_id=getattr(request, "id", ""),
+                version=version_of(request) if version_of is not None else "",
             ):
                 return await fn(self, request, context)
 
@@ -207,8 +220,11 @@ def unary(
     return decorate
 
 
-def streaming(method: str, model_of: Callable[[Any], str]) -> Callable:
-    """Wrap a server-streaming servicer method (an async generator) in ``served_call``."""
+def streaming(
+    method: str, model_of: Callable[[Any], str], version_of: Callable[[Any], str]
+) -> Callable:
+    """Wrap a server-streaming servicer method (an async generator) in ``served_call``
+    (``version_of``: the request's model version, for the metrics)."""
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -218,7 +234,7 @@ def streaming(method: str, model_of: Callable[[Any], str]) -> Callable:
             # aclosing: a stream the client abandons is closed now (its engine request
             # cancelled, its cache rows freed), not whenever the generator is collected.
             async with (
-                served_call(self, method, model_of(request), context),
+                served_call(self, method, model_of(request), context, version=version_of(request)),
                 contextlib.aclosing(fn(self, request, context)) as messages,
             ):
                 async for message in messages:

@@ -73,6 +73,10 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _version(request: Any) -> str:
+    return str(request.version)
+
+
 class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     """KServe v2 health, metadata, config, unary and streaming inference.
 
@@ -112,13 +116,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
                 "model_name is empty; name the model (ServerMetadata lists none, "
                 "ModelMetadata describes one)"
             )
-        model: ServedModel = self.repository.get(name)
-        if version and version != str(model.version):
-            raise NotFound(
-                f"model {model.name!r} has no version {version[:40]!r}; it serves version "
-                f"{model.version}: send that or leave the version empty"
-            )
-        return model
+        return self.repository.get(name, version)
 
     # --- health and metadata --------------------------------------------------------------------
     @unary("ServerLive", lambda r: "", refuse_when_draining=False)
@@ -132,7 +130,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         ready = not self.state.draining and all(map(model_ready, models))
         return pb.ServerReadyResponse(ready=ready)
 
-    @unary("ModelReady", lambda r: r.name, refuse_when_draining=False)
+    @unary("ModelReady", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any):
         try:
             model = self._model(request.name, request.version)
@@ -146,28 +144,31 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             name=SERVER_NAME, version=server_version(), extensions=self.extensions
         )
 
-    @unary("ModelMetadata", lambda r: r.name, refuse_when_draining=False)
+    @unary("ModelMetadata", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any):
         model = self._model(request.name, request.version)
         sig = signature(model.config)
         return pb.ModelMetadataResponse(
             name=model.name,
-            versions=[str(model.version)],
+            versions=list(map(str, self.repository.versions(model.name))),
             platform=platform(model.config),
             inputs=[spec.metadata() for spec in sig.inputs],
             outputs=[spec.metadata() for spec in sig.outputs],
         )
 
-    @unary("ModelConfig", lambda r: r.name, refuse_when_draining=False)
+    @unary("ModelConfig", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any):
         return pb.ModelConfigResponse(
             config=model_config(self._model(request.name, request.version))
         )
 
-    @unary("ModelStatistics", lambda r: r.name, refuse_when_draining=False)
+    @unary("ModelStatistics", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any):
-        if request.name:
+        if request.name and request.version:
             models = [self._model(request.name, request.version)]
+        elif request.name:  # every served version, as Triton's
+            self._model(request.name, "")
+            models = [m for m in self.repository.models() if m.name == request.name]
         elif request.version:
             raise InvalidArgument(
                 f"version {request.version[:40]!r} without a model name: name the model, or "
@@ -267,7 +268,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # --- inference ------------------------------------------------------------------------------
-    @unary("ModelInfer", lambda r: r.model_name)
+    @unary("ModelInfer", lambda r: r.model_name, version_of=lambda r: r.model_version)
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
         model = self._model(request.model_name, request.model_version)
         call = prepare(model, request, deadline_of(context), self.regions)
@@ -351,6 +352,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             context,
             report=report,
             request_id=request.id,
+            version=request.model_version,
         ):
             model = self._model(request.model_name, request.model_version)
             call = prepare(model, request, deadline_of(context), self.regions)

@@ -400,12 +400,13 @@ def test_metrics_record_batches_queue_time_and_return_queue_depth_to_zero() -> N
         for family in text_string_to_metric_families(metrics.render().decode())
         for s in family.samples
     }
-    batch_labels = (("model", "m"), ("stage", "classifier"))
+    batch_labels = (("model", "m"), ("stage", "classifier"), ("version", ""))
     assert samples[("attnserve_batch_size_count", batch_labels)] == len(model.batches) > 0
     assert samples[("attnserve_batch_size_sum", batch_labels)] == 10
     assert samples[("attnserve_compute_duration_seconds_count", batch_labels)] == len(model.batches)
-    assert samples[("attnserve_queue_duration_seconds_count", (("model", "m"),))] == 10
-    assert samples[("attnserve_queue_depth", (("model", "m"),))] == 0
+    model_labels = (("model", "m"), ("version", ""))
+    assert samples[("attnserve_queue_duration_seconds_count", model_labels)] == 10
+    assert samples[("attnserve_queue_depth", model_labels)] == 0
 
 
 # --- property ------------------------------------------------------------------------------------

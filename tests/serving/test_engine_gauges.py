@@ -26,7 +26,9 @@ def test_gauges_follow_joins_and_leaves_at_once_and_tokens_within_the_interval(
 
     def gauges() -> tuple[float | None, ...]:
         def value(name: str) -> float | None:
-            return metrics.registry.get_sample_value(f"attnserve_{name}", {"model": "translator"})
+            return metrics.registry.get_sample_value(
+                f"attnserve_{name}", {"model": "translator", "version": ""}
+            )
 
         return value("active_sequences"), value("kv_cache_tokens"), value("queue_depth")
 

@@ -23,23 +23,23 @@ from serving.metrics import (
 
 def touch_every_metric(metrics: ServingMetrics, model: str = "m") -> None:
     """One observation per metric so every family has samples."""
-    metrics.requests.labels(model=model, method="Classify", code="OK").inc()
-    metrics.request_latency.labels(model=model, method="Classify").observe(0.003)
-    metrics.queue_time.labels(model=model).observe(0.001)
-    metrics.compute_time.labels(model=model, stage="encoder").observe(0.002)
-    metrics.batch_size.labels(model=model, stage="encoder").observe(4)
-    metrics.request_compute.labels(model=model, stage="encoder").inc(0.08)
-    metrics.request_seconds.labels(model=model, method="Classify", code="OK").inc(0.1)
-    metrics.last_request.labels(model=model).set(1.8e9)
-    metrics.time_to_first_token.labels(model=model).observe(0.05)
-    metrics.time_per_output_token.labels(model=model).observe(0.01)
-    metrics.generated_tokens.labels(model=model).inc(7)
-    metrics.active_sequences.labels(model=model).set(3)
-    metrics.kv_cache_usage.labels(model=model).set(0.25)
-    metrics.kv_cache_tokens.labels(model=model).set(128)
-    metrics.queue_depth.labels(model=model).set(0)
-    metrics.response_cache.labels(model=model, result="hit").inc()
-    metrics.response_cache_seconds.labels(model=model, result="hit").inc(0.0001)
+    metrics.requests.labels(model=model, version="1", method="Classify", code="OK").inc()
+    metrics.request_latency.labels(model=model, version="1", method="Classify").observe(0.003)
+    metrics.queue_time.labels(model=model, version="1").observe(0.001)
+    metrics.compute_time.labels(model=model, version="1", stage="encoder").observe(0.002)
+    metrics.batch_size.labels(model=model, version="1", stage="encoder").observe(4)
+    metrics.request_compute.labels(model=model, version="1", stage="encoder").inc(0.08)
+    metrics.request_seconds.labels(model=model, version="1", method="Classify", code="OK").inc(0.1)
+    metrics.last_request.labels(model=model, version="1").set(1.8e9)
+    metrics.time_to_first_token.labels(model=model, version="1").observe(0.05)
+    metrics.time_per_output_token.labels(model=model, version="1").observe(0.01)
+    metrics.generated_tokens.labels(model=model, version="1").inc(7)
+    metrics.active_sequences.labels(model=model, version="1").set(3)
+    metrics.kv_cache_usage.labels(model=model, version="1").set(0.25)
+    metrics.kv_cache_tokens.labels(model=model, version="1").set(128)
+    metrics.queue_depth.labels(model=model, version="1").set(0)
+    metrics.response_cache.labels(model=model, version="1", result="hit").inc()
+    metrics.response_cache_seconds.labels(model=model, version="1", result="hit").inc(0.0001)
     metrics.response_cache_bytes.set(1024)
     metrics.response_cache_entries.set(2)
 
@@ -88,7 +88,7 @@ def test_labels_and_batch_size_buckets() -> None:
         for s in f.samples
         if s.name == "attnserve_requests_total"
     ]
-    assert requests[0].labels == {"model": "m", "method": "Classify", "code": "OK"}
+    assert requests[0].labels == {"model": "m", "version": "1", "method": "Classify", "code": "OK"}
 
 
 def histogram_samples(metrics: ServingMetrics, name: str) -> dict[tuple, float]:
@@ -113,8 +113,8 @@ def test_observe_many_is_that_many_observations(observations: list[tuple[float, 
     """Buckets (values on a bound included, and past the last one) and count exactly as
     ``count`` calls of ``observe``; the sum up to rounding."""
     one_by_one, at_once = ServingMetrics(), ServingMetrics()
-    single = one_by_one.time_per_output_token.labels(model="m")
-    many = at_once.time_per_output_token.labels(model="m")
+    single = one_by_one.time_per_output_token.labels(model="m", version="1")
+    many = at_once.time_per_output_token.labels(model="m", version="1")
     for amount, count in observations:
         for _ in range(count):
             single.observe(amount)
@@ -128,7 +128,7 @@ def test_observe_many_is_that_many_observations(observations: list[tuple[float, 
 
 def test_two_instances_in_one_process_do_not_collide() -> None:
     first, second = ServingMetrics(), ServingMetrics()
-    first.generated_tokens.labels(model="a").inc(5)
+    first.generated_tokens.labels(model="a", version="1").inc(5)
     assert b'model="a"' in first.render()
     assert b'model="a"' not in second.render()
 
@@ -142,7 +142,7 @@ def test_http_server_on_port_zero_serves_this_registry() -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
             assert response.status == 200
             body = response.read().decode()
-        assert 'attnserve_active_sequences{model="vit"} 3.0' in body
+        assert 'attnserve_active_sequences{model="vit",version="1"} 3.0' in body
     finally:
         server.stop()
     with pytest.raises(urllib.error.URLError):

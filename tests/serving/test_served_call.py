@@ -19,7 +19,7 @@ from serving.services.common import ServerState, Servicer, served_call
 
 
 class _NoModels:
-    def get(self, name: str) -> None:
+    def get(self, name: str, version: str = "") -> None:
         raise NotFound(f"no model {name!r}")
 
 
@@ -46,7 +46,8 @@ class _Context:
 
 def count(servicer: Servicer, code: str) -> float:
     value = servicer.metrics.registry.get_sample_value(
-        "attnserve_requests_total", {"model": "unknown", "method": "Translate", "code": code}
+        "attnserve_requests_total",
+        {"model": "unknown", "version": "", "method": "Translate", "code": code},
     )
     return value or 0.0
 

@@ -50,7 +50,7 @@ async def classifier_server(
         read_model_config(entry), resolve_version(entry), None, batcher=batcher
     )
     await batcher.start()
-    server = EngineServer(ModelRepository({"vit": model}), str(tmp_path / "engine.sock"))
+    server = EngineServer(ModelRepository([model]), str(tmp_path / "engine.sock"))
     await server.bind()
     return batcher, server
 
@@ -66,7 +66,7 @@ def test_a_closed_frontend_connection_cancels_its_requests(
         await server.bind()
         client = EngineClient(server.path)
         await client.start()
-        engine = RemoteEngine(client, "translator", 8)
+        engine = RemoteEngine(client, "translator", 1, 8)
         options = DecodingOptions(max_new_tokens=4000, min_new_tokens=4000)
         streams = [
             engine.generate_chunks(
@@ -112,7 +112,7 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
         batcher, server = await classifier_server(tiny_repository, tmp_path, run_batch, 1)
         client = EngineClient(server.path)
         await client.start()
-        remote = RemoteBatcher(client, "vit")
+        remote = RemoteBatcher(client, "vit", 1)
         pixels = np.zeros((3, 32, 32), np.float32)
         calls = [asyncio.ensure_future(remote.submit(pixels)) for _ in range(3)]
         for _ in range(200):
@@ -162,7 +162,7 @@ def test_a_steps_tokens_and_events_reach_a_frontend_in_one_message(
             route(header, arrays)
 
         client._route = recording  # type: ignore[method-assign]
-        engine = RemoteEngine(client, "translator", 8)
+        engine = RemoteEngine(client, "translator", 1, 8)
         options = DecodingOptions(max_new_tokens=12, min_new_tokens=12)
 
         async def events(seed: int) -> list:

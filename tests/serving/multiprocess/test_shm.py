@@ -209,8 +209,8 @@ def test_served_answers_are_the_same_through_the_arena_and_the_socket(
                 server.path, arena_bytes=arena_bytes, arena_min_bytes=8192, metrics=metrics
             )
             await client.start()
-            batcher = RemoteBatcher(client, vit.name)
-            engine = RemoteEngine(client, "captioner", 8)
+            batcher = RemoteBatcher(client, vit.name, 1)
+            engine = RemoteEngine(client, "captioner", 1, 8)
 
             async def caption(pixels: np.ndarray, engine: RemoteEngine = engine) -> list[int]:
                 request = GenerationRequest(options=options, pixels=pixels)
@@ -272,7 +272,7 @@ def test_the_engine_frees_the_arena_before_it_answers(
         client = EngineClient(server.path, arena_bytes=1 << 20, arena_min_bytes=16384)
         await client.start()
         assert client.arena is not None
-        remote = RemoteBatcher(client, "vit")
+        remote = RemoteBatcher(client, "vit", 1)
         images = [np.full((3, 64, 64), i, np.float32) for i in range(3)]  # 49 KB each
         calls = [asyncio.ensure_future(remote.submit(image)) for image in images]
         await asyncio.sleep(0)  # the requests leave
@@ -312,7 +312,7 @@ def test_without_memfd_the_frontend_sends_through_the_socket(
             server.path, arena_bytes=1 << 20, arena_min_bytes=16384, metrics=metrics
         )
         await client.start()
-        answer = await RemoteBatcher(client, "vit").submit(np.full((3, 64, 64), 5, np.float32))
+        answer = await RemoteBatcher(client, "vit", 1).submit(np.full((3, 64, 64), 5, np.float32))
         counted = metrics.registry.get_sample_value(FRONTEND_LARGE_ARRAYS, {"path": "socket"})
         await client.close()
         await server.close()
