@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -19,11 +20,14 @@ from contract.model_config import (
     ModelConfig,
 )
 from contract.repository import (
+    CONFIG_FILE,
     LABELS_FILE,
     MODEL_NAME_RULE,
     is_valid_model_name,
+    read_model_config,
     write_model_config,
 )
+from contract.schema import SchemaError
 from export.errors import DestinationError
 from export.sources import EntryExtras, LoadedSource
 from models.captioner import Captioner
@@ -154,7 +158,13 @@ def _languages(source: LoadedSource) -> tuple[str, ...]:
 def write_entry_files(
     source: LoadedSource, entry: Path, version_dir: Path, config: ModelConfig
 ) -> list[str]:
-    """config.yaml (entry level) and tokenizer / labels (version level); returns file names."""
+    """config.yaml (entry level) and tokenizer / labels (version level); returns file names.
+
+    The entry's ``version_policy`` stays as it was: a new version exported into an entry that
+    serves several keeps serving them."""
+    if (entry / CONFIG_FILE).is_file():
+        with contextlib.suppress(SchemaError):  # a broken config.yaml is replaced whole
+            config = replace(config, version_policy=read_model_config(entry).version_policy)
     write_model_config(config, entry)
     written = []
     if source.tokenizer is not None:
