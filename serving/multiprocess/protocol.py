@@ -140,6 +140,8 @@ def decode(
         header = msgpack.unpackb(bytes(frames[0]), strict_map_key=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
         raise ProtocolError(f"header is not msgpack: {err}") from err
+    except TypeError as err:  # a map or list as a map key: msgpack cannot hash it
+        raise ProtocolError(f"header has an unhashable map key: {err}") from err
     if not isinstance(header, dict) or not isinstance(header.get("t"), str):
         raise ProtocolError("header must be a map with a string 't'")
     specs = header.get("arrays", [])
