@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2_grpc
 
 from benchmarks.server_process import ServeProcess
-from contract.model_config import QueuePolicy
+from contract.model_config import LatestVersions, QueuePolicy, VersionPolicy
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
 from tests.reliability.fuzz.checker import PROFILE, TOTAL_EXAMPLES, Fuzz
@@ -34,6 +35,7 @@ LEVELS = {
     "response_cache": True,
 }
 CACHE_BYTES = 1 << 20
+TWO_VERSIONS = VersionPolicy(latest=LatestVersions(num_versions=2))
 
 
 def fuzz_server(repository: Path, frontends: int) -> ServerThread | ServeProcess:
@@ -65,8 +67,11 @@ def fuzz(
     repository = copy_repository(
         tiny_repository,
         tmp_path_factory.mktemp("fuzz") / "repository",
-        **dict.fromkeys(("translator", "captioner", "vit"), LEVELS),
+        **dict.fromkeys(("translator", "captioner"), LEVELS),
+        vit={**LEVELS, "version_policy": TWO_VERSIONS},
     )
+    # the ViT serves versions 1 and 2 (the same graphs), so that fuzzed versions reach both
+    shutil.copytree(repository / "vit" / "1", repository / "vit" / "2", copy_function=os.link)
     with fuzz_server(repository, frontends) as server:
         channel = grpc.insecure_channel(server.address, options=BIG_MESSAGES)
         state = Fuzz(
