@@ -88,6 +88,7 @@ class Workload:
     new_tokens: int = 0  # min = max new tokens (EOS suppressed until then); 0 = model default
     timeout_s: float = 120.0
     tensors: tuple[tuple[str, str, Any], ...] = ()  # kserve_infer: (name, datatype, values)
+    version: str = ""  # kserve_infer: the model version asked for ("": the newest served)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -100,9 +101,11 @@ def _options(new_tokens: int) -> pb.DecodingOptions:
     return pb.DecodingOptions(max_new_tokens=new_tokens, min_new_tokens=new_tokens, beam_size=1)
 
 
-def kserve_request(model: str, tensors: tuple[tuple[str, str, Any], ...]) -> kpb.ModelInferRequest:
+def kserve_request(
+    model: str, tensors: tuple[tuple[str, str, Any], ...], version: str = ""
+) -> kpb.ModelInferRequest:
     """A KServe ModelInfer request of (name, datatype, values) inputs in raw contents."""
-    request = kpb.ModelInferRequest(model_name=model)
+    request = kpb.ModelInferRequest(model_name=model, model_version=version)
     for name, datatype, values in tensors:
         tensor, raw = input_tensor(name, datatype, values)
         request.inputs.append(tensor)
@@ -142,7 +145,7 @@ class Client:
                 options=_options(w.new_tokens),
             )
         elif w.method == "kserve_infer":
-            self.request = kserve_request(w.model, w.tensors)
+            self.request = kserve_request(w.model, w.tensors, w.version)
         else:
             self.request = pb.ClassifyRequest(image=w.image, top_k=1, model=w.model)
 

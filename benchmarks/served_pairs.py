@@ -12,8 +12,9 @@ from benchmarks.loadgen import Client, Workload, measure
 from benchmarks.server_process import ServeProcess
 
 
-def add_pair_arguments(parser: argparse.ArgumentParser, out: Path) -> None:
-    """--repository, --duration, --warmup, --pairs, --concurrency and --out (default ``out``)."""
+def add_pair_arguments(parser: argparse.ArgumentParser, out: Path, pairs: bool = True) -> None:
+    """--repository, --duration, --warmup, --pairs (where ``pairs``), --concurrency and --out
+    (default ``out``)."""
     parser.add_argument(
         "--repository",
         type=Path,
@@ -21,7 +22,8 @@ def add_pair_arguments(parser: argparse.ArgumentParser, out: Path) -> None:
     )
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per point")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each point")
-    parser.add_argument("--pairs", type=int, default=2)
+    if pairs:
+        parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument(
         "--concurrency",
         type=lambda text: tuple(int(n) for n in text.split(",")),
