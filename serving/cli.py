@@ -231,6 +231,11 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         help="queue priority on a model with priority levels: 1 is the highest (default 0: "
         "the model's default level)",
     )
+    command.add_argument(
+        "--model-version",
+        default="",
+        help="a version the server serves of the model (default: the newest; see version_policy)",
+    )
     if name == "translate":
         command.add_argument("text", nargs="+", help="one or more texts")
         command.add_argument("--to", required=True, help="target language: de, fr or es")
@@ -337,6 +342,7 @@ def run_client(args: argparse.Namespace) -> int:
     routing: dict[str, Any] = {
         "model": getattr(args, "model", ""),
         "priority": getattr(args, "priority", 0),
+        "model_version": getattr(args, "model_version", ""),
     }
     client = AttnServeClient(
         args.server,

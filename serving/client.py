@@ -147,16 +147,19 @@ class AttnServeClient:
         model: str = "",
         timeout: float | None = None,
         priority: int = 0,
+        model_version: str = "",
         **options: Any,
     ) -> list[TextResult]:
         """Translate one or more English texts into language ``to`` (de, fr, es); ``priority``:
-        1 is the highest on a model with priority levels, 0 its default."""
+        1 is the highest on a model with priority levels, 0 its default; ``model_version``: a
+        served version (empty: the newest)."""
         request = pb.TranslateRequest(
             texts=[texts] if isinstance(texts, str) else texts,
             target_language=to,
             model=model,
             options=decoding_options(**options),
             priority=priority,
+            model_version=model_version,
         )
         response = self._call(self.stub.Translate, request, timeout)
         return [
@@ -177,6 +180,7 @@ class AttnServeClient:
         model: str = "",
         timeout: float | None = None,
         priority: int = 0,
+        model_version: str = "",
         **options: Any,
     ) -> Iterator[str]:
         """Text deltas of one translation as the server produces them."""
@@ -186,6 +190,7 @@ class AttnServeClient:
             model=model,
             options=decoding_options(**options),
             priority=priority,
+            model_version=model_version,
         )
         for message in self._stream(self.stub.TranslateStream, request, timeout):
             if message.delta:
@@ -197,10 +202,11 @@ class AttnServeClient:
         model: str = "",
         timeout: float | None = None,
         priority: int = 0,
+        model_version: str = "",
         **options: Any,
     ) -> TextResult:
         """Caption a PNG / JPEG image."""
-        request = _caption_request(image, model, priority, options)
+        request = _caption_request(image, model, priority, options, model_version)
         r = self._call(self.stub.Caption, request, timeout)
         return TextResult(
             r.text,
@@ -216,10 +222,11 @@ class AttnServeClient:
         model: str = "",
         timeout: float | None = None,
         priority: int = 0,
+        model_version: str = "",
         **options: Any,
     ) -> Iterator[str]:
         """Text deltas of a caption as the server produces them."""
-        request = _caption_request(image, model, priority, options)
+        request = _caption_request(image, model, priority, options, model_version)
         for message in self._stream(self.stub.CaptionStream, request, timeout):
             if message.delta:
                 yield message.delta
@@ -231,9 +238,12 @@ class AttnServeClient:
         model: str = "",
         timeout: float | None = None,
         priority: int = 0,
+        model_version: str = "",
     ) -> list[Label]:
         """Top-k labels of a PNG / JPEG image, most likely first."""
-        request = pb.ClassifyRequest(image=image, top_k=top_k, model=model, priority=priority)
+        request = pb.ClassifyRequest(
+            image=image, top_k=top_k, model=model, priority=priority, model_version=model_version
+        )
         response = self._call(self.stub.Classify, request, timeout)
         return [Label(s.label, s.index, s.score) for s in response.labels]
 
@@ -285,8 +295,12 @@ class AttnServeClient:
 
 
 def _caption_request(
-    image: bytes, model: str, priority: int, options: dict[str, Any]
+    image: bytes, model: str, priority: int, options: dict[str, Any], model_version: str
 ) -> pb.CaptionRequest:
     return pb.CaptionRequest(
-        image=image, model=model, options=decoding_options(**options), priority=priority
+        image=image,
+        model=model,
+        options=decoding_options(**options),
+        priority=priority,
+        model_version=model_version,
     )

@@ -27,6 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from PIL import Image
 
+import attnserve_cli
 from benchmarks.repository_copy import rewrite_config
 from contract.model_config import (
     MAX_SERVED_VERSIONS,
@@ -40,6 +41,7 @@ from contract.model_config import (
 from contract.repository import read_model_config
 from contract.schema import SchemaError, to_mapping
 from export.exporter import export
+from serving.client import AttnServeClient
 from serving.kserve.tensors import decode_outputs, input_tensor
 from serving.metrics import ServingMetrics
 from serving.model_control import LocalModelControl
@@ -181,6 +183,31 @@ def test_each_served_version_answers_with_its_own_weights(
     batches = "attnserve_batch_size_sum"
     assert sample(metrics, batches, model="vit", version="1", stage="classifier") == 2
     assert sample(metrics, batches, model="translator", version="2", stage="encoder") == 1
+
+
+def test_the_client_and_the_cli_name_a_version(
+    both: tuple[ServerThread, Stub], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server, _ = both
+    png = _png()
+    with AttnServeClient(server.address) as client:
+        first, second = (client.classify(png, top_k=10, model_version=v) for v in ("1", "2"))
+        assert [label.score for label in first] != [label.score for label in second]
+        assert client.classify(png, top_k=10) == second
+        assert client.translate(["forty-two"], "de", model_version="2", max_new_tokens=4)
+    image = tmp_path / "digit.png"
+    image.write_bytes(png)
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        code = attnserve_cli.main(["classify", str(image), "--server", server.address, *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    by_version = {v: cli("--model-version", v, "--top-k", "10") for v in ("1", "2")}
+    assert by_version["1"][0] == by_version["2"][0] == 0
+    assert by_version["1"][1] != by_version["2"][1]
+    code, _, err = cli("--model-version", "3")
+    assert code != 0 and "NOT_FOUND" in err and "it serves versions 1, 2" in err
 
 
 def _png() -> bytes:
