@@ -44,6 +44,10 @@ EXPLICIT_HINT = (
 )
 
 
+# a longer version string is no served version (and int() refuses thousands of digits)
+MAX_VERSION_DIGITS = 18
+
+
 class RepositoryError(ValueError):
     """The repository (or a model in it) cannot be served; the message names the entry."""
 
@@ -221,7 +225,8 @@ class ModelRepository:
             raise NotFound(f"no model named {name[:100]!r}; this server has: {known}")
         if not version:
             return versions[next(reversed(versions))]
-        model = versions.get(int(version)) if version.isascii() and version.isdigit() else None
+        number = version.isascii() and version.isdigit() and len(version) <= MAX_VERSION_DIGITS
+        model = versions.get(int(version)) if number else None
         if model is None:
             served = ", ".join(map(str, versions))
             raise NotFound(

@@ -141,7 +141,7 @@ def test_each_served_version_answers_with_its_own_weights(
     assert (first[0], second[0], newest[0]) == ("1", "2", "2")
     assert not np.allclose(first[1], second[1])  # other weights
     np.testing.assert_array_equal(newest[1], second[1])
-    for bad in ("3", "x", "01x"):
+    for bad in ("3", "x", "01x", "9" * 5000):
         code, details = refused(classify, stub, bad)
         assert code == grpc.StatusCode.NOT_FOUND
         assert "it serves versions 1, 2: send one" in details and "leave the version" in details
@@ -179,7 +179,7 @@ def test_each_served_version_answers_with_its_own_weights(
     assert sample(metrics, "attnserve_requests_total", **ok, version="1") == 1
     assert sample(metrics, "attnserve_requests_total", **ok, version="2") == 2
     missing = {"model": "unknown", "version": "", "method": "ModelInfer", "code": "NOT_FOUND"}
-    assert sample(metrics, "attnserve_requests_total", **missing) == 4
+    assert sample(metrics, "attnserve_requests_total", **missing) == 5
     batches = "attnserve_batch_size_sum"
     assert sample(metrics, batches, model="vit", version="1", stage="classifier") == 2
     assert sample(metrics, batches, model="translator", version="2", stage="encoder") == 1
