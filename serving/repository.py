@@ -1,4 +1,4 @@
-"""Load a model repository into served models (one backend and scheduler per entry)."""
+"""Load a model repository into served models (one backend and scheduler per served version)."""
 
 from __future__ import annotations
 
