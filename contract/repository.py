@@ -10,7 +10,9 @@ Layout of a repository entry (docs/architecture.md, "The model repository"):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,29 @@ def served_version_dirs(entry: str | Path, config: ModelConfig) -> list[Path]:
     except ValueError as err:
         raise SchemaError(str(err)) from err
     return [Path(entry) / str(v) for v in chosen]
+
+
+# what a folder's files looked like: each file's path, size, modification time and inode
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def fingerprint(folder: str | Path, skip: tuple[str, ...] = ()) -> Fingerprint:
+    """Each file's path (relative to ``folder``), size, modification time and inode, of every
+    file under ``folder`` but the top-level names in ``skip`` (a file replaced by a rename has a
+    new inode even with the old time)."""
+    files = []
+    for place, dirs, names in os.walk(folder):
+        if place == str(folder):
+            dirs[:] = [d for d in dirs if d not in skip]
+            names = [n for n in names if n not in skip]
+        for name in names:
+            path = os.path.join(place, name)
+            with contextlib.suppress(OSError):  # removed while we look
+                info = os.stat(path)
+                files.append(
+                    (os.path.relpath(path, folder), info.st_size, info.st_mtime_ns, info.st_ino)
+                )
+    return tuple(sorted(files))
 
 
 def read_manifest(version_dir: str | Path) -> dict[str, Any]:

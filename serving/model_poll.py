@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from pathlib import Path
 
+from contract.repository import Fingerprint, fingerprint
 from serving.errors import FailedPrecondition, ServingError
 from serving.model_control import LocalModelControl
 from serving.repository import ModelRepository, model_entries
@@ -36,24 +36,6 @@ from serving.repository import ModelRepository, model_entries
 log = logging.getLogger(__name__)
 
 # (path inside the entry, size, modification time ns, inode) of each file of an entry
-Fingerprint = tuple[tuple[str, int, int, int], ...]
-
-
-def fingerprint(entry: Path) -> Fingerprint:
-    """What model polling compares of an entry: each file's size, modification time and inode
-    (a file replaced by a rename has a new inode even with the old time)."""
-    files = []
-    for folder, _dirs, names in os.walk(entry):
-        for name in names:
-            path = os.path.join(folder, name)
-            with contextlib.suppress(OSError):  # removed while we look: the next look sees it
-                info = os.stat(path)
-                files.append(
-                    (os.path.relpath(path, entry), info.st_size, info.st_mtime_ns, info.st_ino)
-                )
-    return tuple(sorted(files))
-
-
 # an entry of the folder a polling server does not serve (yet), as far as its frontends know
 NOT_YET = (
     "not loaded yet: new in the repository folder, or its load failed (the server's log says "

@@ -21,6 +21,8 @@ from contract.model_config import GeneratorConfig, ModelConfig
 from contract.repository import (
     CONFIG_FILE,
     MODEL_NAME_RULE,
+    Fingerprint,
+    fingerprint,
     is_valid_model_name,
     read_model_config,
     served_version_dirs,
@@ -277,7 +279,8 @@ class ModelRepository:
         The new models are built off the event loop and started before they replace the ones
         they reload, so requests never find the name unserved; requests already running keep
         the old ones, which are returned for the caller to stop (none where none was served;
-        a version the policy no longer names among them).
+        a version the policy no longer names among them). Where the entry changed, its
+        unchanged versions stay as they are (``build_models``).
 
         Raises:
             InvalidArgument: ``name`` cannot be a model name.
@@ -287,23 +290,29 @@ class ModelRepository:
         """
         check_model_name(name)
         entry = self._entry(name)
+        served = self._models.get(name, {})
         try:
-            models = await asyncio.to_thread(build_models, entry, self.metrics, self.factory)
+            models, config = await asyncio.to_thread(
+                rebuild_models, entry, self.metrics, self.factory, served
+            )
         except RepositoryError as err:
             raise self._failed(name, err) from err
+        kept = [m for m in models if served.get(m.version) is m]
+        new = [m for m in models if served.get(m.version) is not m]
         started: list[ServedModel] = []
         try:
-            for model in models:
+            for model in new:
                 await model.start()
                 started.append(model)
         except Exception as err:  # e.g. a classifier's warm-up call failing
-            for model in [*started, models[len(started)]]:
+            for model in [*started, new[len(started)]]:
                 await model.stop(0)
             raise self._failed(name, RepositoryError(f"cannot start {entry}: {err}")) from err
-        old = list(self._models.get(name, {}).values())
+        for model in kept:  # the same model: its config but for the edited policy
+            model.config = replace(model.config, version_policy=config.version_policy)
         self._models[name] = {model.version: model for model in models}
         self._reasons.pop(name, None)
-        return old
+        return [m for m in served.values() if m not in kept]
 
     def _failed(self, name: str, err: RepositoryError) -> FailedPrecondition:
         if name not in self._models:
@@ -360,6 +369,26 @@ def build_models(
     ``version_policy`` names: their graphs loaded here, or ``factory``'s models.
 
     Raises:
+        RepositoryError: as ``rebuild_models``.
+    """
+    return rebuild_models(entry, metrics, factory, {})[0]
+
+
+def rebuild_models(
+    entry: Path,
+    metrics: ServingMetrics | None,
+    factory: ModelFactory | None,
+    served: dict[int, ServedModel],
+) -> tuple[list[ServedModel], ModelConfig]:
+    """``build_models``, and the entry's config, for an entry whose ``served`` models are
+    served now (a reload; {} at the start).
+
+    Where the entry changed (a version
+    added, removed or re-exported, or the policy edited), the versions whose files and config
+    (but for the policy) are unchanged are these same models, as Triton keeps them; where
+    nothing changed, every version is built again (an explicit reload).
+
+    Raises:
         RepositoryError: the folder name is not a valid model name, or the entry's config or
             graphs are broken (named, with the cause).
     """
@@ -374,13 +403,50 @@ def build_models(
         config = read_model_config(entry)
         if config.name != entry.name:
             raise SchemaError(f"config.yaml names {config.name!r} but sits in {entry.name}/")
-        for version_dir in served_version_dirs(entry, config):
+        dirs = served_version_dirs(entry, config)
+        files = _files(entry, dirs)
+        kept = _unchanged(served, config, files)
+        for version_dir in dirs:
+            version = int(version_dir.name)
+            if version in kept:
+                models.append(kept[version])
+                log.info("kept %s version %s (unchanged)", config.name, version)
+                continue
             if factory is None:
                 first, *more = make_backends(config, version_dir)
-                models.append(serve(config, version_dir, first, metrics, more))
+                model = serve(config, version_dir, first, metrics, more)
             else:
-                models.append(factory(config, version_dir))
-            log.info("loaded %s version %s (%s)", config.name, version_dir.name, config.task)
+                model = factory(config, version_dir)
+            model.files = files[version]
+            models.append(model)
+            log.info("loaded %s version %s (%s)", config.name, version, config.task)
     except (SchemaError, BackendError, OSError, ValueError) as err:
         raise RepositoryError(f"cannot serve {entry}: {err}") from err
-    return models
+    return models, config
+
+
+def _files(entry: Path, dirs: list[Path]) -> dict[int, tuple[Fingerprint, Fingerprint]]:
+    """Each version's files: the entry's own (but its version folders and config.yaml, whose
+    fields are compared instead) and the version folder's."""
+    versions = tuple(p.name for p in entry.iterdir() if p.is_dir() and p.name.isdigit())
+    shared = fingerprint(entry, skip=(*versions, CONFIG_FILE))
+    return {int(d.name): (shared, fingerprint(d)) for d in dirs}
+
+
+def _unchanged(
+    served: dict[int, ServedModel],
+    config: ModelConfig,
+    files: dict[int, tuple[Fingerprint, Fingerprint]],
+) -> dict[int, ServedModel]:
+    """The served models a reload keeps: those of an unchanged version with an unchanged
+    config (the policy aside), where the entry changed; none where nothing did."""
+    policy_aside = replace(config, version_policy=None)
+    kept = {
+        version: model
+        for version, model in served.items()
+        if version in files
+        and model.files == files[version]
+        and replace(model.config, version_policy=None) == policy_aside
+    }
+    nothing_changed = set(kept) == set(served) == set(files)
+    return {} if nothing_changed else kept

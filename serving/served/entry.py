@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contract.model_config import ModelConfig
-from contract.repository import read_manifest
+from contract.repository import Fingerprint, read_manifest
 from serving.backends.base import Backend
 from serving.served.inputs import float_dtype
 
@@ -26,3 +26,6 @@ class ServedEntry:
         self.backend = backend
         self.manifest = read_manifest(version_dir)
         self.float_dtype = float_dtype(config.precision)
+        # the entry's files and the version folder's as they were when it was built (set by
+        # ``serving.repository.build_models``): a reload keeps a version whose files are unchanged
+        self.files: tuple[Fingerprint, Fingerprint] = ((), ())

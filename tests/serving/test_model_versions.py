@@ -222,10 +222,14 @@ def test_a_reload_applies_a_changed_policy(
     both: tuple[ServerThread, Stub], versioned: Path
 ) -> None:
     server, stub = both
+    assert server.running is not None
+    served = server.running.repository
     first = classify(stub, "1")[1]
+    one = served.get("vit", "1")
     rewrite_config(versioned / "vit", version_policy=specific(1))
     load(stub, "vit")
     assert versions(stub, "vit") == ["1"]
+    assert served.get("vit", "1") is one  # unchanged files and config: kept, as Triton keeps it
     version, alone = classify(stub, "")
     assert version == "1"
     np.testing.assert_array_equal(alone, first)  # version 1 served alone answers the same
@@ -236,6 +240,23 @@ def test_a_reload_applies_a_changed_policy(
     load(stub, "vit")
     assert versions(stub, "vit") == ["1", "2", "3"]
     np.testing.assert_array_equal(classify(stub, "3")[1], classify(stub, "2")[1])
+    assert served.get("vit", "1") is one
+    kept = stub.ModelConfig(pb.ModelConfigRequest(name="vit", version="1"), timeout=TIMEOUT)
+    assert kept.config.version_policy.HasField("all")  # a kept version reports the new policy
+
+    # a re-exported version is built again, the others kept
+    two, three = served.get("vit", "2"), served.get("vit", "3")
+    manifest = versioned / "vit" / "3" / "manifest.json"
+    text = manifest.read_text()
+    manifest.unlink()
+    manifest.write_text(text)
+    load(stub, "vit")
+    assert served.get("vit", "1") is one and served.get("vit", "2") is two
+    assert served.get("vit", "3") is not three
+    # a load of an unchanged entry builds every version again (an explicit reload)
+    three = served.get("vit", "3")
+    load(stub, "vit")
+    assert all(served.get("vit", v) is not m for v, m in (("1", one), ("2", two), ("3", three)))
 
     # a version the entry lacks: the load fails naming it, the served versions stay
     rewrite_config(versioned / "vit", version_policy=specific(1, 7))
@@ -263,11 +284,13 @@ def test_polling_serves_a_new_version_folder(versioned: Path) -> None:
         poller = RepositoryPoller(control, interval=60, names=("vit",))
         try:
             assert repository.versions("vit") == [1, 2]
+            two = repository.get("vit", "2")
             shutil.copytree(versioned / "vit" / "2", versioned / "vit" / "3")
             assert await poller.look() == []  # seen changing: acted on at the next look
             assert await poller.look() == [("load", "vit")]
             assert repository.versions("vit") == [2, 3]
             assert repository.get("vit").version == 3
+            assert repository.get("vit", "2") is two  # unchanged: kept
         finally:
             await poller.stop()
             await repository.stop(0)
