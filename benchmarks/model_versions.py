@@ -9,8 +9,11 @@ versions 1..N, with ``version_policy: {latest: {num_versions: N}}``; ``attnserve
 the seconds until it answers; RSS and threads summed over its processes once every version has
 answered; then closed-loop KServe ``ModelInfer`` (the ViT: one 32 × 32 image; the translator:
 one short text) against the newest version and, with N > 1, the oldest, so that a request
-naming a version is timed against one taking the newest. Writes each server's figures and
-points to ``benchmarks/results/model-versions/model-versions-*.json``.
+naming a version is timed against one taking the newest; then, per model, the time of a
+``RepositoryModelLoad`` that rebuilds all N versions (nothing changed: an explicit reload) and
+of one that adds version N + 1 (the N unchanged versions kept; the folder and the policy are
+put back after). Writes each server's figures and points to
+``benchmarks/results/model-versions/model-versions-*.json``.
 """
 
 from __future__ import annotations
@@ -49,10 +52,43 @@ def versioned_copy(repository: Path, folder: Path, count: int) -> Path:
         newest.rename(entry / "1")
         for version in range(2, count + 1):
             shutil.copytree(entry / "1", entry / str(version), copy_function=_link)
-        rewrite_config(
-            entry, version_policy=VersionPolicy(latest=LatestVersions(num_versions=count))
-        )
+        rewrite_config(entry, version_policy=latest(count))
     return root
+
+
+def latest(count: int) -> VersionPolicy:
+    return VersionPolicy(latest=LatestVersions(num_versions=count))
+
+
+def reload_times(address: str, root: Path, count: int) -> dict[str, dict[str, float]]:
+    """Per model, seconds of a load that rebuilds all ``count`` versions and of one that adds
+    version ``count`` + 1 beside them (the entry is put back as it was after)."""
+    import grpc
+
+    from serving.proto_gen.inference import grpc_service_pb2 as kpb
+    from serving.proto_gen.inference import grpc_service_pb2_grpc as kpb_grpc
+
+    times = {}
+    with grpc.insecure_channel(address) as channel:
+        stub = kpb_grpc.GRPCInferenceServiceStub(channel)
+
+        def load(name: str) -> float:
+            started = time.perf_counter()
+            stub.RepositoryModelLoad(kpb.RepositoryModelLoadRequest(model_name=name), timeout=300)
+            return round(time.perf_counter() - started, 3)
+
+        for name in MODELS:
+            entry = root / name
+            rebuild = load(name)
+            added = entry / str(count + 1)
+            shutil.copytree(entry / "1", added, copy_function=_link)
+            rewrite_config(entry, version_policy=latest(count + 1))
+            add = load(name)
+            shutil.rmtree(added)
+            rewrite_config(entry, version_policy=latest(count))
+            load(name)
+            times[name] = {"rebuild_all_s": rebuild, "add_version_s": add}
+    return times
 
 
 def _link(origin: str, copy: str) -> None:
@@ -90,6 +126,7 @@ def run_server(root: Path, count: int, settings: argparse.Namespace) -> dict[str
     server = ServeProcess(
         root,
         *("--host", "127.0.0.1", "--metrics-port", "-1", "--log-level", "WARNING"),
+        *("--model-control-mode", "explicit"),
         grace=2,
     ).start()
     ready_s = time.monotonic() - started
@@ -104,6 +141,7 @@ def run_server(root: Path, count: int, settings: argparse.Namespace) -> dict[str
             "ready_s": round(ready_s, 2),
             "rss_bytes": rss,
             "threads": threads,
+            "reloads": reload_times(server.address, root, count),
             "points": points,
         }
     finally:

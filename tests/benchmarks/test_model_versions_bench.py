@@ -1,5 +1,6 @@
 """``python -m benchmarks.model_versions``: real servers of 1 and 2 versions of each model, each
-version answering the requests that name it, and their memory and threads recorded."""
+version answering the requests that name it, their memory and threads recorded, and reloads
+(all versions rebuilt; a version added) timed; the repository copy is put back after each."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def test_servers_of_one_and_two_versions_are_measured(
     assert [s["versions"] for s in result["servers"]] == [1, 2]
     for server in result["servers"]:
         assert server["rss_bytes"] > 10 << 20 and server["threads"] > 1 and server["ready_s"] > 0
+        assert set(server["reloads"]) == {"vit", "translator"}
+        for times in server["reloads"].values():  # each load answered (timed, not compared)
+            assert times["rebuild_all_s"] > 0 and times["add_version_s"] > 0
     assert [(p["versions"], p["workload"]) for p in result["points"]] == [
         (1, "vit@newest"),
         (1, "translator@newest"),
