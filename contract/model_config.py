@@ -351,9 +351,10 @@ class OnnxRuntimeOptions:
         return self.cuda_graph and "CUDAExecutionProvider" in self.execution_providers
 
 
-# --- one repository entry, by kind ------------------------------------------------------------
-
 # --- versions ---------------------------------------------------------------------------------
+
+# a bound on versions served at once: each holds its own sessions and engine
+MAX_SERVED_VERSIONS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,14 +425,12 @@ class VersionPolicy:
         return list(available[-self.latest.num_versions :])
 
 
-# a bound on versions served at once: each holds its own sessions and engine
-MAX_SERVED_VERSIONS = 16
-
-
 def served_versions(policy: VersionPolicy | None, available: list[int]) -> list[int]:
     """The versions an entry with ``policy`` (None: the newest only) serves of ``available``."""
     return available[-1:] if policy is None else policy.select(available)
 
+
+# --- one repository entry, by kind ------------------------------------------------------------
 
 Backend = Literal["onnxruntime", "tensorrt"]
 Precision = Literal["fp32", "fp16", "int8"]

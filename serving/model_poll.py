@@ -35,7 +35,6 @@ from serving.repository import ModelRepository, model_entries
 
 log = logging.getLogger(__name__)
 
-# (path inside the entry, size, modification time ns, inode) of each file of an entry
 # an entry of the folder a polling server does not serve (yet), as far as its frontends know
 NOT_YET = (
     "not loaded yet: new in the repository folder, or its load failed (the server's log says "

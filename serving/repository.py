@@ -26,6 +26,7 @@ from contract.repository import (
     is_valid_model_name,
     read_model_config,
     served_version_dirs,
+    version_dirs,
 )
 from contract.schema import SchemaError
 from serving.backends.base import Backend, BackendError
@@ -383,10 +384,10 @@ def rebuild_models(
     """``build_models``, and the entry's config, for an entry whose ``served`` models are
     served now (a reload; {} at the start).
 
-    Where the entry changed (a version
-    added, removed or re-exported, or the policy edited), the versions whose files and config
-    (but for the policy) are unchanged are these same models, as Triton keeps them; where
-    nothing changed, every version is built again (an explicit reload).
+    Where the entry changed (a version added, removed or re-exported, or the policy edited),
+    the versions whose files and config (but for the policy) are unchanged are these same
+    models, as Triton keeps them; where nothing changed, every version is built again (an
+    explicit reload).
 
     Raises:
         RepositoryError: the folder name is not a valid model name, or the entry's config or
@@ -428,7 +429,7 @@ def rebuild_models(
 def _files(entry: Path, dirs: list[Path]) -> dict[int, tuple[Fingerprint, Fingerprint]]:
     """Each version's files: the entry's own (but its version folders and config.yaml, whose
     fields are compared instead) and the version folder's."""
-    versions = tuple(p.name for p in entry.iterdir() if p.is_dir() and p.name.isdigit())
+    versions = tuple(map(str, version_dirs(entry)))
     shared = fingerprint(entry, skip=(*versions, CONFIG_FILE))
     return {int(d.name): (shared, fingerprint(d)) for d in dirs}
 

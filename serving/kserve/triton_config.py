@@ -74,7 +74,7 @@ def model_config(model: ServedModel) -> pb.ModelConfig:
 def version_policy(policy: VersionPolicy | None) -> pb.ModelVersionPolicy:
     """A config.yaml's ``version_policy`` as Triton's (None: the newest version)."""
     if policy is None or policy.latest is not None:
-        count = policy.latest.num_versions if policy is not None and policy.latest else 1
+        count = 1 if policy is None or policy.latest is None else policy.latest.num_versions
         return pb.ModelVersionPolicy(latest=pb.ModelVersionPolicy.Latest(num_versions=count))
     if policy.specific is not None:
         versions = list(policy.specific.versions)

@@ -27,5 +27,6 @@ class ServedEntry:
         self.manifest = read_manifest(version_dir)
         self.float_dtype = float_dtype(config.precision)
         # the entry's files and the version folder's as they were when it was built (set by
-        # ``serving.repository.build_models``): a reload keeps a version whose files are unchanged
+        # ``serving.repository.rebuild_models``): a reload keeps a version whose files are
+        # unchanged
         self.files: tuple[Fingerprint, Fingerprint] = ((), ())

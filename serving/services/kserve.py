@@ -167,8 +167,8 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
         if request.name and request.version:
             models = [self._model(request.name, request.version)]
         elif request.name:  # every served version, as Triton's
-            self._model(request.name, "")
-            models = [m for m in self.repository.models() if m.name == request.name]
+            versions = self.repository.versions(request.name)
+            models = [self.repository.get(request.name, str(v)) for v in versions]
         elif request.version:
             raise InvalidArgument(
                 f"version {request.version[:40]!r} without a model name: name the model, or "
