@@ -251,6 +251,17 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         command.add_argument("--top-k", type=int)
         command.add_argument("--top-p", type=float)
         command.add_argument("--seed", type=int)
+        command.add_argument(
+            "--repetition-penalty",
+            type=float,
+            help="scores of tokens already in the output divided (or, below 0, multiplied) by "
+            "this; 1 = off, above 1 discourages repeats",
+        )
+        command.add_argument(
+            "--no-repeat-ngram-size",
+            type=int,
+            help="no n-gram of this size occurs twice in the output (0 = off)",
+        )
     command.set_defaults(handler=run_client)
 
 
@@ -337,7 +348,16 @@ def run_client(args: argparse.Namespace) -> int:
 
     options: dict[str, Any] = {
         key: getattr(args, key, None)
-        for key in ("max_new_tokens", "beam_size", "temperature", "top_k", "top_p", "seed")
+        for key in (
+            "max_new_tokens",
+            "beam_size",
+            "temperature",
+            "top_k",
+            "top_p",
+            "seed",
+            "repetition_penalty",
+            "no_repeat_ngram_size",
+        )
     }
     routing: dict[str, Any] = {
         "model": getattr(args, "model", ""),

@@ -460,7 +460,9 @@ class InFlightEngine:
             token = greedy.get(index, -1)
             if token < 0:  # sampling, or a greedy row its sampler must decide
                 assert seq.sampler is not None
-                token = seq.sampler.choose(logits[first], int(done[index]))
+                count = int(done[index])
+                history = state.tokens[seq.slot, :count]  # for repetition controls
+                token = seq.sampler.choose(logits[first], count, history)
             if self._advance(seq, token, now):
                 finished.append(index)
         if moves:  # every request's beams in one copy (rows of requests never overlap)

@@ -18,6 +18,7 @@ from serving.engine.decode_cache import GreedyStep
 from serving.engine.requests import GenerationRequest, TokenSink
 from serving.engine.row_state import FIXED, RowState
 from serving.generation.beam import BeamSearch
+from serving.generation.repetition import RepetitionRules
 from serving.generation.sampling import RowSampler
 
 
@@ -32,9 +33,11 @@ class ActiveSequence:
         self.admitted = now
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
-        # greedy (temperature 0, not beams): chosen with the step's other greedy rows in one pass
+        # greedy (temperature 0, not beams, no repetition controls): chosen with the step's
+        # other greedy rows in one pass
         self.greedy = False
         self.forced_eos_at = -1
+        repetition = RepetitionRules.of(self.options, spec.decoder_start_id)
         if self.options.beam_size > 1:
             self.beam = BeamSearch(
                 beam_size=self.options.beam_size,
@@ -45,6 +48,7 @@ class ActiveSequence:
                 num_alternatives=self.options.num_alternatives,
                 suppress_ids=spec.suppress_ids,
                 forced_eos=spec.forced_eos,
+                repetition=repetition,
             )
         else:
             last = self.limit - 1  # the sequence's last position
@@ -53,8 +57,9 @@ class ActiveSequence:
                 eos_id=spec.eos_id,
                 suppress_ids=spec.suppress_ids,
                 forced_eos_at=last if spec.forced_eos else None,
+                repetition=repetition,
             )
-            self.greedy = self.options.temperature == 0
+            self.greedy = self.options.temperature == 0 and repetition is None
             self.forced_eos_at = last if spec.forced_eos else -1
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
         # its slots of the engine's RowState (a row each), set on admission; ``slot`` the first

@@ -29,6 +29,9 @@ Semantics follow Hugging Face ``transformers`` (v5 ``_beam_search``):
   them; ``True`` stops as soon as ``beam_size`` are finished; ``"never"`` uses an exact bound
   (the best live log-prob at ``max_new_tokens`` when length_penalty > 0) so no better hypothesis
   can be missed through stopping. The search always ends at ``max_new_tokens``.
+- repetition controls (``repetition``: ``repetition_penalty``, ``no_repeat_ngram_size``) apply,
+  as in HF's beam search, to each beam's log-softmax over the whole vocabulary, before the token
+  rules above and the renormalisation (``serving.generation.repetition``).
 
 First step: the request starts from the decoder start token, so all its beams are identical.
 ``step`` accepts logits of shape (1, V) or (beam_size, V) on the first call and uses row 0 only
@@ -43,6 +46,7 @@ from typing import Literal
 import numpy as np
 
 from serving.generation.ranking import top_indices
+from serving.generation.repetition import RepetitionRules
 from serving.generation.sampling import clean_logits, log_softmax
 
 EarlyStopping = bool | Literal["never"]
@@ -79,6 +83,7 @@ class BeamSearch:
             the module docstring.
         suppress_ids: tokens never chosen.
         forced_eos: the last step (``max_new_tokens``) chooses EOS.
+        repetition: repetition controls over each beam's tokens (None: none).
 
     Raises:
         ValueError: an argument outside its range.
@@ -96,6 +101,7 @@ class BeamSearch:
         *,
         suppress_ids: tuple[int, ...] = (),
         forced_eos: bool = False,
+        repetition: RepetitionRules | None = None,
     ) -> None:
         _check_arguments(
             beam_size, eos_id, max_new_tokens, min_new_tokens, length_penalty, num_alternatives
@@ -113,6 +119,7 @@ class BeamSearch:
         self.early_stopping = early_stopping
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos = bool(forced_eos)
+        self.repetition = repetition
         self._sequences = np.zeros((1, 0), dtype=np.int64)  # live beams' tokens (rows, generated)
         self._scores = np.zeros(1, dtype=np.float64)  # live beams' cumulative log-probs
         self._finished: list[Hypothesis] = []  # best first, at most beam_size
@@ -194,6 +201,10 @@ class BeamSearch:
                 f"eos_id {self.eos_id} < V on step {self._generated}, got {x.shape}"
             )
         x = x[:1] if first else x
+        if self.repetition is not None:  # on log-probabilities, as HF's beam search
+            x = log_softmax(x)
+            for row, tokens in zip(x, self._sequences, strict=True):
+                self.repetition.apply(row, tokens)
         x[:, self.suppress[self.suppress < x.shape[1]]] = -np.inf
         if self.forced_eos and self._generated == self.max_new_tokens - 1:
             x[:] = -np.inf

@@ -17,6 +17,7 @@ MAX_BEAM_SIZE = 8
 MAX_TEMPERATURE = 100.0
 MAX_LENGTH_PENALTY = 10.0
 MAX_SEED = 2**64 - 1
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class DecodingOptions:
         top_p: nucleus sampling: the smallest set of tokens whose probability reaches top_p.
         seed: seeds the request's own random generator (reproducible output); None = random.
         num_alternatives: beam search also returns this many runner-up hypotheses.
+        repetition_penalty: tokens already in the output score ``s * p`` (s < 0) or ``s / p``;
+            1 = off (``serving.generation.repetition``).
+        no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
     """
 
     max_new_tokens: int | None = None
@@ -44,6 +48,8 @@ class DecodingOptions:
     top_p: float = 1.0
     seed: int | None = None
     num_alternatives: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
     @property
     def sampling(self) -> bool:
@@ -82,6 +88,8 @@ class DecodingOptions:
         if self.seed is not None:
             _check_int("seed", self.seed, 0, MAX_SEED)
         self._check_num_alternatives()
+        self._check_repetition_penalty()
+        _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
         if self.beam_size > 1 and self.temperature > 0:
             raise InvalidArgument(
                 f"beam_size {self.beam_size} cannot be combined with sampling (temperature "
@@ -107,6 +115,14 @@ class DecodingOptions:
                 f"num_alternatives {self.num_alternatives} needs more beams than beam_size "
                 f"{self.beam_size}: num_alternatives must be in 0..beam_size-1 "
                 f"(0..{self.beam_size - 1}); raise beam_size or ask for fewer alternatives"
+            )
+
+    def _check_repetition_penalty(self) -> None:
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, MAX_REPETITION_PENALTY)
+        if self.repetition_penalty == 0:
+            raise InvalidArgument(
+                "repetition_penalty 0 is not a penalty: it must be in (0, "
+                f"{MAX_REPETITION_PENALTY:g}] (1 = off, above 1 discourages repeats)"
             )
 
     def _check_top_p(self) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from serving.generation.options import DecodingOptions
 from serving.generation.ranking import NUCLEUS_PREFIX, kth_largest
+from serving.generation.repetition import RepetitionRules
 from serving.generation.row_draw import clean_in_place, float_row, ranked, sample_float_row
 
 
@@ -169,6 +170,8 @@ class RowSampler:
             Marian's pad: Hugging Face's ``bad_words_ids`` / ``suppress_tokens``).
         forced_eos_at: the token chosen after this many generated tokens is EOS (Hugging Face's
             ``forced_eos_token_id``: the sequence's last position); None = never forced.
+        repetition: the request's repetition controls (applied first, to the raw logits);
+            ``choose`` then needs the tokens generated so far.
 
     Raises:
         ValueError: a negative ``eos_id`` or sampling options outside their ranges.
@@ -182,6 +185,7 @@ class RowSampler:
         *,
         suppress_ids: tuple[int, ...] = (),
         forced_eos_at: int | None = None,
+        repetition: RepetitionRules | None = None,
     ) -> None:
         _check_sampling_options(options.temperature, options.top_k, options.top_p)
         if eos_id < 0:
@@ -190,6 +194,7 @@ class RowSampler:
         self.eos_id = int(eos_id)
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos_at = forced_eos_at
+        self.repetition = repetition
         self._rng = rng
 
     @property
@@ -200,12 +205,15 @@ class RowSampler:
             self._rng = np.random.default_rng(self.options.seed)
         return self._rng
 
-    def choose(self, logits_row: np.ndarray, generated: int) -> int:
+    def choose(
+        self, logits_row: np.ndarray, generated: int, history: np.ndarray | None = None
+    ) -> int:
         """The next token of this sequence.
 
         Args:
             logits_row: (V,) logits of this sequence's row (float16, float32 or float64).
             generated: how many tokens this sequence has generated before this one.
+            history: those tokens (int64, without the start token); needed with ``repetition``.
 
         Returns:
             The token id. Greedy (temperature 0) takes the argmax, lowest id on ties; sampling
@@ -219,7 +227,7 @@ class RowSampler:
         """
         if generated == self.forced_eos_at:
             return self.eos_id
-        if self.options.temperature == 0 and logits_row.ndim == 1:
+        if self.options.temperature == 0 and logits_row.ndim == 1 and self.repetition is None:
             token = self._greedy(logits_row, generated)
             if token is not None:
                 return token
@@ -229,6 +237,10 @@ class RowSampler:
                 f"got {logits_row.shape}"
             )
         x = float_row(logits_row)  # this thread's buffer: clean_logits without a fresh array
+        if self.repetition is not None:
+            if history is None or len(history) != generated:
+                raise ValueError(f"repetition rules need the {generated} tokens generated so far")
+            self.repetition.apply(x, history)
         if generated < self.options.min_new_tokens:
             x[self.eos_id] = -np.inf
         x[self.suppress[self.suppress < x.size]] = -np.inf

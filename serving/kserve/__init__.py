@@ -36,10 +36,11 @@ captioning      in  ``image`` (declared)  UINT8   [N,S,S,3]       RGB pixels 0-2
 Only inputs whose generated data is valid are declared (perf_analyzer fills every declared
 input with random data; random bytes are valid pixels, random floats hold NaN). Request
 parameters of the generating models: ``max_new_tokens``, ``min_new_tokens``, ``beam_size``,
-``length_penalty``, ``temperature``, ``top_k``, ``top_p``, ``seed`` (int64 / double; numeric
-strings too). Every model honours Triton's ``timeout`` parameter (microseconds) besides the gRPC
-deadline. A requested output with the ``classification`` parameter k (tritonclient's
-``class_count``) comes back as BYTES [N,k] of "score:index:label", as Triton does.
+``length_penalty``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``repetition_penalty``,
+``no_repeat_ngram_size`` (int64 / double; numeric strings too). Every model honours Triton's
+``timeout`` parameter (microseconds) besides the gRPC deadline. A requested output with the
+``classification`` parameter k (tritonclient's ``class_count``) comes back as BYTES [N,k] of
+"score:index:label", as Triton does.
 
 ``ModelStreamInfer`` is decoupled-style: a translation or captioning request of one element gets one
 response per generated token (the text delta in the text output, its ids in ``token_ids``,

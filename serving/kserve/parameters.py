@@ -8,8 +8,15 @@ from serving.errors import InvalidArgument
 from serving.generation.options import DecodingOptions
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 
-INT_OPTIONS = ("max_new_tokens", "min_new_tokens", "beam_size", "top_k", "seed")
-FLOAT_OPTIONS = ("length_penalty", "temperature", "top_p")
+INT_OPTIONS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "beam_size",
+    "top_k",
+    "seed",
+    "no_repeat_ngram_size",
+)
+FLOAT_OPTIONS = ("length_penalty", "temperature", "top_p", "repetition_penalty")
 
 
 def _param_value(parameter: pb.InferParameter) -> Any:

@@ -41,6 +41,10 @@ def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
         top_p=message.top_p if message.HasField("top_p") else 1.0,
         seed=message.seed if message.HasField("seed") else None,
         num_alternatives=message.num_alternatives,
+        repetition_penalty=(
+            message.repetition_penalty if message.HasField("repetition_penalty") else 1.0
+        ),
+        no_repeat_ngram_size=message.no_repeat_ngram_size,
     )
 
 

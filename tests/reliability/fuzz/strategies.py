@@ -91,6 +91,8 @@ def decoding_options(draw: st.DrawFn) -> pb.DecodingOptions:
         ("temperature", float32s),
         ("top_p", float32s),
         ("seed", st.integers(0, 2**64 - 1)),
+        ("repetition_penalty", float32s),
+        ("no_repeat_ngram_size", small_ints),
     ):
         if draw(st.integers(0, 3)) == 0:
             setattr(options, name, draw(values))

@@ -52,6 +52,8 @@ OPTION_NAMES = [
     "target_language",
     "classification",
     "num_alternatives",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
     "bogus",
 ]
 REGION = "fuzz"  # registered on the fuzzed server: REGION_BYTES random bytes

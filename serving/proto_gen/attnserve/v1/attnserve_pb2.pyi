@@ -30,7 +30,7 @@ MODEL_STATE_LOADING: ModelState
 MODEL_STATE_UNAVAILABLE: ModelState
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,8 @@ class DecodingOptions(_message.Message):
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     NUM_ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    NO_REPEAT_NGRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     beam_size: int
@@ -49,7 +51,9 @@ class DecodingOptions(_message.Message):
     top_p: float
     seed: int
     num_alternatives: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ...) -> None: ...
+    repetition_penalty: float
+    no_repeat_ngram_size: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "token_ids", "score", "finish_reason")
