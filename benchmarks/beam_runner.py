@@ -3,9 +3,10 @@
 Beam search lives in the in-flight engine (``BeamSearch`` per request, the cache rows of its beams
 reordered through ``cache_copy`` after each step), so this runner loads an exported entry as the
 server does (``make_backends``, ``serve``, the server's ONNX Runtime settings for the device),
-starts its engine and submits one request per source row with ``beam_size`` beams and exactly
-``new_tokens`` new tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a batch of
-clients would.
+starts its engine and submits one request per source row with ``beam_size`` beams (1: greedy) and
+exactly ``new_tokens`` new tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a
+batch of clients would; ``controls`` are further decoding options (``repetition_penalty``,
+``no_repeat_ngram_size``: ``benchmarks.repetition_controls``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from benchmarks.peers import Runner
 
 
 def beam_runner_name(precision: str, beam_size: int, instances: int, threads: int) -> str:
-    """The results' key, e.g. ``attnserve-int8-beam4`` or, for one-thread instances,
-    ``attnserve-int8-beam4-2x1``."""
+    """The results' key, e.g. ``attnserve-int8-beam4`` (``attnserve-int8-greedy`` for one beam)
+    or, for one-thread instances, ``attnserve-int8-beam4-2x1``."""
     split = f"-{instances}x{threads // instances}" if instances > 1 else ""
-    return f"attnserve-{precision}-beam{beam_size}{split}"
+    search = f"beam{beam_size}" if beam_size > 1 else "greedy"
+    return f"attnserve-{precision}-{search}{split}"
 
 
 class AttnServeBeamRunner(Runner):
@@ -42,6 +44,7 @@ class AttnServeBeamRunner(Runner):
         max_batch: int,
         instances: int = 1,
         device: str = "cpu",
+        controls: dict[str, Any] | None = None,
     ) -> None:
         from benchmarks.serve_offline import served_config
         from contract.repository import resolve_version
@@ -76,12 +79,14 @@ class AttnServeBeamRunner(Runner):
                 "device": device,
                 "max_active_sequences": batching.max_active_sequences,
                 "kv_cache": config.onnxruntime.kv_cache,
+                "controls": controls or {},
             },
         )
         first, *more = make_backends(config, version)
         self.model: Any = serve(config, version, first, more_backends=more)
         self.new_tokens = new_tokens
         self.beam_size = beam_size
+        self.controls = controls or {}  # repetition_penalty, no_repeat_ngram_size
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.model.start())
 
@@ -89,7 +94,9 @@ class AttnServeBeamRunner(Runner):
         from serving.generation.options import DecodingOptions
 
         n = self.new_tokens
-        options = DecodingOptions(max_new_tokens=n, min_new_tokens=n, beam_size=self.beam_size)
+        options = DecodingOptions(
+            max_new_tokens=n, min_new_tokens=n, beam_size=self.beam_size, **self.controls
+        )
         requests = [self.model.request(options, source_ids=row) for row in ids]
         return list(await asyncio.gather(*(self.model.generate(r) for r in requests)))
 

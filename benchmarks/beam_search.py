@@ -46,10 +46,12 @@ def runner_specs(
     tiny: bool,
     device: str = "cpu",
     skipped: list[dict[str, str]] | None = None,
+    controls: dict[str, Any] | None = None,
 ) -> list[Any]:
     """The runners to build (exports and conversions done, cached): attnserve, and the engine
     benchmark's CTranslate2 runners and HF ``generate`` with its KV cache (fp32, fp16), each
-    given ``beam_size``; peers that cannot run here land in ``skipped``."""
+    given ``beam_size`` (and the decoding options ``controls``, the same for each); peers that
+    cannot run here land in ``skipped``."""
     from benchmarks.attnserve_runner import export_attnserve
     from benchmarks.beam_runner import beam_runner_name
     from benchmarks.engine_settings import EngineSettings
@@ -78,6 +80,7 @@ def runner_specs(
                 "threads": threads,
                 "max_batch": max_batch,
                 "instances": instances,
+                "controls": controls,
             }
             name = beam_runner_name(precision, beam_size, instances, threads)
             specs.append(RunnerSpec(name, "attnserve-beam", kwargs))
@@ -89,7 +92,10 @@ def runner_specs(
     ]
     wanted = {hf_name(True, precision) for precision in precisions}
     skipped += [entry for entry in hf_skipped if entry["engine"] in wanted]
-    specs += [RunnerSpec(p.name, p.factory, {**p.kwargs, "beam_size": beam_size}) for p in peers]
+    specs += [
+        RunnerSpec(p.name, p.factory, {**p.kwargs, "beam_size": beam_size, "controls": controls})
+        for p in peers
+    ]
     return specs
 
 
@@ -148,8 +154,10 @@ def measure(
     tiny: bool,
     device: str = "cpu",
     skipped: list[dict[str, str]] | None = None,
+    controls: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """The points per (precision, batch); runners that cannot run here land in ``skipped``."""
+    """The points per (precision, batch), every runner decoding with ``controls`` besides
+    ``beam_size``; runners that cannot run here land in ``skipped``."""
     from benchmarks.marian import BASE, TINY, source_ids
     from benchmarks.peers import Unavailable
     from benchmarks.runners import IsolatedRunner
@@ -157,7 +165,9 @@ def measure(
     shape = TINY if tiny else BASE
     context = multiprocessing.get_context("spawn")
     skipped = skipped if skipped is not None else []
-    specs = runner_specs(precisions, beam_size, new_tokens, max(batches), tiny, device, skipped)
+    specs = runner_specs(
+        precisions, beam_size, new_tokens, max(batches), tiny, device, skipped, controls
+    )
     started = [IsolatedRunner(spec, context) for spec in specs]
     runners = []
     for runner in started:

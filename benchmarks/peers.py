@@ -134,6 +134,7 @@ class CTranslate2Runner(Runner):
         device: str = "cpu",
         cpu_isa: str | None = None,
         beam_size: int = 1,
+        controls: dict[str, Any] | None = None,
     ) -> None:
         if cpu_isa is not None:
             # CTranslate2 reads it once per process, when it first picks its CPU kernels
@@ -163,9 +164,11 @@ class CTranslate2Runner(Runner):
                 "device": device,
                 "cpu_isa": cpu_isa or "auto",
                 "beam_size": beam_size,
+                "controls": controls or {},
             },
         )
         self.beam_size = beam_size
+        self.controls = controls or {}  # translate_batch's repetition_penalty, ...
         self.translator = ctranslate2.Translator(
             str(model_dir),
             device=device,
@@ -190,6 +193,7 @@ class CTranslate2Runner(Runner):
             min_decoding_length=self.new_tokens,
             max_decoding_length=self.new_tokens,
             return_scores=False,
+            **self.controls,
         )
         return np.array(
             [[self.index.get(t, -1) for t in r.hypotheses[0]] for r in results], dtype=np.int64
@@ -232,9 +236,11 @@ class HFGenerateRunner(Runner):
         device: str = "cpu",
         precision: str = "fp32",
         beam_size: int = 1,
+        controls: dict[str, Any] | None = None,
     ) -> None:
         """``precision`` fp16: the model in half precision (on CUDA); ``beam_size`` > 1: beam
-        search (``num_beams``), the best hypothesis returned."""
+        search (``num_beams``), the best hypothesis returned; ``controls``: more ``generate``
+        options (``repetition_penalty``, ``no_repeat_ngram_size``)."""
         import torch
         import transformers
 
@@ -251,9 +257,11 @@ class HFGenerateRunner(Runner):
                 "torch_threads": threads,
                 "device": device,
                 "beam_size": beam_size,
+                "controls": controls or {},
             },
         )
         self.beam_size = beam_size
+        self.controls = controls or {}
         torch.set_num_threads(threads)
         self.torch = torch
         self.device = device
@@ -276,6 +284,7 @@ class HFGenerateRunner(Runner):
                 do_sample=False,
                 num_beams=self.beam_size,
                 use_cache=self.use_cache,
+                **self.controls,
             )
         if self.device == "cuda":
             torch.cuda.synchronize()

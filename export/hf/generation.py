@@ -5,10 +5,12 @@ change which token greedy decoding picks must be applied by serving too, or they
 
 - applied: ``bad_words_ids`` of one token and ``suppress_tokens`` (never generated: Marian's
   ``[[pad]]``), ``forced_eos_token_id`` (the last position is EOS);
-- refused: ``bad_words_ids`` of several tokens, ``begin_suppress_tokens``, repetition penalties,
-  n-gram bans, ``min_length`` / ``min_new_tokens``, ``forced_bos_token_id``, ``sequence_bias``;
+- refused: ``bad_words_ids`` of several tokens, ``begin_suppress_tokens``, the encoder's
+  repetition penalty and n-gram ban, ``min_length`` / ``min_new_tokens``,
+  ``forced_bos_token_id``, ``sequence_bias``;
 - recorded, not applied: the request-level defaults (``num_beams``, ``do_sample``,
-  ``temperature``, ...), which attnserve requests set themselves (greedy by default).
+  ``temperature``, ..., ``repetition_penalty``, ``no_repeat_ngram_size``), which attnserve
+  requests set themselves (greedy without repetition controls by default).
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ from export.hf.common import unsupported
 # Processors that change greedy tokens, with the value that switches them off.
 _REFUSED_WHEN_SET: dict[str, Any] = {
     "begin_suppress_tokens": None,
-    "repetition_penalty": 1.0,
     "encoder_repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
     "min_length": 0,
     "min_new_tokens": None,
@@ -31,7 +31,17 @@ _REFUSED_WHEN_SET: dict[str, Any] = {
     "sequence_bias": None,
     "exponential_decay_length_penalty": None,
 }
-_REQUEST_DEFAULTS = ("num_beams", "do_sample", "temperature", "top_k", "top_p", "length_penalty")
+# Request options (DecodingOptions), with the value that switches a control off (not recorded).
+_REQUEST_DEFAULTS: dict[str, Any] = {
+    "num_beams": None,
+    "do_sample": None,
+    "temperature": None,
+    "top_k": None,
+    "top_p": None,
+    "length_penalty": None,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,8 @@ def token_rules(architecture: str, generation: Any, eos_id: int, vocab_size: int
         raise unsupported(architecture, f"forced_eos_token_id={forced!r} is not eos {eos_id}")
     defaults = {
         name: getattr(generation, name)
-        for name in _REQUEST_DEFAULTS
-        if getattr(generation, name, None) is not None
+        for name, off in _REQUEST_DEFAULTS.items()
+        if getattr(generation, name, None) not in (None, off)
     }
     notes = {
         "suppress_ids": list(suppress),

@@ -202,7 +202,8 @@ class BeamSearch:
             )
         x = x[:1] if first else x
         if self.repetition is not None:  # on log-probabilities, as HF's beam search
-            x = log_softmax(x)
+            if self.repetition.penalty != 1:  # bans alone: the renormalisation below suffices
+                x = log_softmax(x)
             for row, tokens in zip(x, self._sequences, strict=True):
                 self.repetition.apply(row, tokens)
         x[:, self.suppress[self.suppress < x.shape[1]]] = -np.inf

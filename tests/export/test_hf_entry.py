@@ -30,12 +30,23 @@ def test_marian_generation_rules() -> None:
     assert _rules().suppress_ids == () and not _rules().forced_eos
 
 
+def test_repetition_controls_are_request_defaults() -> None:
+    """A generation config's repetition controls are request options (DecodingOptions):
+    recorded, not refused; switched off, not recorded."""
+    rules = _rules(repetition_penalty=1.2, no_repeat_ngram_size=3)
+    defaults = rules.notes["request_defaults_not_applied"]
+    assert (defaults["repetition_penalty"], defaults["no_repeat_ngram_size"]) == (1.2, 3)
+    assert not {"repetition_penalty", "no_repeat_ngram_size"} & set(
+        _rules().notes["request_defaults_not_applied"]
+    )
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ({"bad_words_ids": [[5, 6]]}, r"bad_words_ids entry \[5, 6\] of 2 tokens"),
-        ({"repetition_penalty": 1.2}, "repetition_penalty=1.2"),
-        ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size=3"),
+        ({"encoder_repetition_penalty": 1.2}, "encoder_repetition_penalty=1.2"),
+        ({"encoder_no_repeat_ngram_size": 3}, "encoder_no_repeat_ngram_size=3"),
         ({"min_length": 4}, "min_length=4"),
         ({"forced_bos_token_id": 5}, "forced_bos_token_id=5"),
         ({"forced_eos_token_id": 5}, "forced_eos_token_id=5 is not eos 0"),

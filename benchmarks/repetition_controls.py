@@ -1,0 +1,106 @@
+"""Repetition controls against CTranslate2 and Hugging Face ``generate``, same model, same run.
+
+    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both]
+        [--beam-sizes 1,4] [--precisions fp32] [--batches 1,16] [--new-tokens 32]
+        [--repetitions 3] [--out DIR] [--tiny]
+
+``repetition_penalty`` and ``no_repeat_ngram_size`` take a request off attnserve's fast greedy
+path (every row's argmax in one pass, or on the device): its rows are chosen one by one from the
+host logits, as sampled rows are. This probe times what that costs, and where the peers stand
+with the same options: for each setup (``none``; ``penalty``: ``repetition_penalty`` 1.2;
+``ngram``: ``no_repeat_ngram_size`` 3; ``both``) and beam size, ``benchmarks.beam_search``'s
+runners (the served engine, CTranslate2's thread splits, HF ``generate`` with its KV cache) on
+the engine benchmark's random Marian model (Marian-base shape, or the CI's tiny one with
+``--tiny``) decode exactly ``--new-tokens`` tokens per row, alternating within each round.
+Writes ``repetition-controls-*.json``: per (setup, beam size, precision, batch) each runner's
+new tokens/s, attnserve's ratios to the best CTranslate2 runner and to HF, and each runner's
+rate relative to its own rate without controls (``vs_none``: from the ``none`` setup's runners,
+started anew for each setup, so that ratio also holds the machine's drift between setups).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from benchmarks.beam_search import SOURCE_TOKENS, measure
+from benchmarks.output import DEFAULT_RESULTS, log, write_probe
+
+SETUPS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "penalty": {"repetition_penalty": 1.2},
+    "ngram": {"no_repeat_ngram_size": 3},
+    "both": {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3},
+}
+
+
+def with_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each point with ``vs_none``: every runner's rate over its rate in the ``none`` setup of
+    the same beam size, precision and batch (where that setup ran)."""
+    plain = {
+        (p["beam_size"], p["precision"], p["batch"]): p["new_tokens_per_s"]
+        for p in points
+        if p["setup"] == "none"
+    }
+    for point in points:
+        base = plain.get((point["beam_size"], point["precision"], point["batch"]), {})
+        point["vs_none"] = {
+            name: round(rate / base[name], 3)
+            for name, rate in point["new_tokens_per_s"].items()
+            if base.get(name)
+        }
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.repetition_controls")
+    parser.add_argument("--setups", default=",".join(SETUPS))
+    parser.add_argument("--beam-sizes", default="1,4")
+    parser.add_argument("--precisions", default="fp32")
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS / "repetition-controls")
+    parser.add_argument("--tiny", action="store_true", help="the CI's tiny Marian model")
+    args = parser.parse_args(argv)
+    setups = [s for s in args.setups.split(",") if s]
+    beams = [int(b) for b in args.beam_sizes.split(",") if b]
+    precisions = tuple(p for p in args.precisions.split(",") if p)
+    batches = tuple(int(b) for b in args.batches.split(",") if b)
+    if set(setups) - set(SETUPS) or not all(1 <= b <= 8 for b in beams) or not batches:
+        parser.error(f"--setups takes some of {', '.join(SETUPS)}, --beam-sizes 1-8, --batches")
+    if set(precisions) - {"fp32", "int8"} or not precisions:
+        parser.error("--precisions takes fp32 and / or int8 (the CPU's)")
+    skipped: list[dict[str, str]] = []
+    points = []
+    for beam_size in beams:
+        for setup in setups:
+            log(f"setup {setup}, beam size {beam_size}")
+            for point in measure(
+                precisions,
+                beam_size,
+                batches,
+                args.new_tokens,
+                args.repetitions,
+                args.tiny,
+                skipped=skipped,
+                controls=SETUPS[setup],
+            ):
+                points.append({"setup": setup, "controls": SETUPS[setup], "beam_size": beam_size})
+                points[-1].update(point)
+    write_probe(
+        "repetition-controls",
+        with_costs(points),
+        args.out,
+        args.tiny,
+        0.0,
+        new_tokens=args.new_tokens,
+        source_tokens=SOURCE_TOKENS,
+        skipped=skipped,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
