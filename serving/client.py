@@ -50,6 +50,7 @@ class TextResult:
     finish_reason: str
     score: float = 0.0
     alternatives: tuple[str, ...] = ()
+    token_log_probs: tuple[float, ...] = ()  # with return_log_probs=True
 
 
 @dataclass
@@ -169,6 +170,7 @@ class AttnServeClient:
                 FINISH_NAMES[t.finish_reason],
                 t.score,
                 tuple(a.text for a in t.alternatives),
+                tuple(t.token_log_probs),
             )
             for t in response.translations
         ]
@@ -214,6 +216,7 @@ class AttnServeClient:
             FINISH_NAMES[r.finish_reason],
             r.score,
             tuple(a.text for a in r.alternatives),
+            tuple(r.token_log_probs),
         )
 
     def caption_stream(

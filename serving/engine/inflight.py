@@ -463,6 +463,8 @@ class InFlightEngine:
                 count = int(done[index])
                 history = state.tokens[seq.slot, :count]  # for repetition controls
                 token = seq.sampler.choose(logits[first], count, history)
+                if seq.sampler.log_probs:
+                    state.log_probs[seq.slot, count] = seq.sampler.last_log_prob
             if self._advance(seq, token, now):
                 finished.append(index)
         if moves:  # every request's beams in one copy (rows of requests never overlap)
@@ -705,8 +707,17 @@ class InFlightEngine:
         return False
 
     def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
-        """Post the sequence's finish with its first ``count`` tokens."""
-        return self._post_finish(seq, reason=reason, tokens=self._state.tokens_of(seq.slot, count))
+        """Post the sequence's finish with its first ``count`` tokens (and, with
+        ``return_log_probs``, their log-probabilities and their sum with EOS's as the score)."""
+        tokens = self._state.tokens_of(seq.slot, count)
+        if not seq.options.return_log_probs:
+            return self._post_finish(seq, reason=reason, tokens=tokens)
+        chosen = self._state.log_probs[seq.slot, : count + (reason == "stop")]
+        log_probs = chosen[:count].tolist()
+        score = float(chosen.sum())
+        return self._post_finish(
+            seq, reason=reason, tokens=tokens, log_probs=log_probs, score=score
+        )
 
     def _finish_beam(self, seq: ActiveSequence) -> bool:
         assert seq.beam is not None

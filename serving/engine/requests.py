@@ -37,7 +37,9 @@ class FinishEvent:
 
     reason: str  # "stop" (EOS) | "length" (max_new_tokens or the position table)
     tokens: list[int]
-    score: float | None = None  # beam search: length-penalised log-probability
+    score: float | None = None  # beam search: length-penalised log-probability; else the
+    # sum of the chosen tokens' log-probabilities, EOS included (``return_log_probs``)
+    log_probs: list[float] | None = None  # ``return_log_probs``: one per token of ``tokens``
     alternatives: list[tuple[list[int], float]] = field(default_factory=list)
     input_tokens: int = 0
     queue_seconds: float = 0.0  # arrival to admission

@@ -39,6 +39,8 @@ class RowState:
         self.forced_eos_at[:] = self.route[:] = -1
         self.last_time = np.full(slots, np.nan)  # clock time of the last token; NaN: none yet
         self.tokens = np.zeros((slots, max(1, max_tokens)), np.int64)
+        # each token's log-probability (EOS's after the tokens), for ``return_log_probs``
+        self.log_probs = np.zeros((slots, max(1, max_tokens)), np.float64)
 
     def take(
         self,

@@ -33,8 +33,8 @@ class ActiveSequence:
         self.admitted = now
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
-        # greedy (temperature 0, not beams, no repetition controls): chosen with the step's
-        # other greedy rows in one pass
+        # greedy (temperature 0, not beams, no repetition controls or log-probs): chosen with
+        # the step's other greedy rows in one pass
         self.greedy = False
         self.forced_eos_at = -1
         repetition = RepetitionRules.of(self.options, spec.decoder_start_id)
@@ -59,7 +59,8 @@ class ActiveSequence:
                 forced_eos_at=last if spec.forced_eos else None,
                 repetition=repetition,
             )
-            self.greedy = self.options.temperature == 0 and repetition is None
+            plain = repetition is None and not self.options.return_log_probs
+            self.greedy = self.options.temperature == 0 and plain
             self.forced_eos_at = last if spec.forced_eos else -1
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
         # its slots of the engine's RowState (a row each), set on admission; ``slot`` the first

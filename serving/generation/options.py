@@ -37,6 +37,8 @@ class DecodingOptions:
         repetition_penalty: tokens already in the output score ``s * p`` (s < 0) or ``s / p``;
             1 = off (``serving.generation.repetition``).
         no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
+        return_log_probs: report each chosen token's log-probability and the output's score
+            (greedy decoding and sampling; ``serving.generation.sampling.RowSampler``).
     """
 
     max_new_tokens: int | None = None
@@ -50,6 +52,7 @@ class DecodingOptions:
     num_alternatives: int = 0
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    return_log_probs: bool = False
 
     @property
     def sampling(self) -> bool:
@@ -90,6 +93,7 @@ class DecodingOptions:
         self._check_num_alternatives()
         self._check_repetition_penalty()
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
+        self._check_return_log_probs()
         if self.beam_size > 1 and self.temperature > 0:
             raise InvalidArgument(
                 f"beam_size {self.beam_size} cannot be combined with sampling (temperature "
@@ -115,6 +119,18 @@ class DecodingOptions:
                 f"num_alternatives {self.num_alternatives} needs more beams than beam_size "
                 f"{self.beam_size}: num_alternatives must be in 0..beam_size-1 "
                 f"(0..{self.beam_size - 1}); raise beam_size or ask for fewer alternatives"
+            )
+
+    def _check_return_log_probs(self) -> None:
+        if not isinstance(self.return_log_probs, bool):
+            raise InvalidArgument(
+                f"return_log_probs must be true or false, got {self.return_log_probs!r}"
+            )
+        if self.return_log_probs and self.beam_size > 1:
+            raise InvalidArgument(
+                "return_log_probs comes with greedy decoding and sampling: beam search reports "
+                f"each hypothesis's score instead; use beam_size 1 (not {self.beam_size}) or "
+                "leave return_log_probs off"
             )
 
     def _check_repetition_penalty(self) -> None:

@@ -195,6 +195,9 @@ class RowSampler:
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos_at = forced_eos_at
         self.repetition = repetition
+        # ``options.return_log_probs``: ``choose`` keeps the chosen token's log-probability
+        self.log_probs = bool(options.return_log_probs)
+        self.last_log_prob = 0.0
         self._rng = rng
 
     @property
@@ -220,14 +223,19 @@ class RowSampler:
             draws one uniform number from the sequence's generator. Suppressed tokens are never
             chosen; at ``forced_eos_at`` EOS is. When no token is possible (every logit -inf or
             NaN, or only EOS while it is suppressed) ``eos_id`` is returned so that the sequence
-            ends instead of emitting an arbitrary token.
+            ends instead of emitting an arbitrary token. With ``log_probs`` the token's
+            log-probability goes to ``last_log_prob``: the log-softmax of the logits after the
+            repetition controls and the token rules, before temperature, top-k and top-p (a
+            forced EOS's is 0, an EOS chosen because nothing else is possible -inf).
 
         Raises:
             ValueError: ``logits_row`` is not 1-D or ``eos_id`` is not a valid index into it.
         """
         if generated == self.forced_eos_at:
+            self.last_log_prob = 0.0
             return self.eos_id
-        if self.options.temperature == 0 and logits_row.ndim == 1 and self.repetition is None:
+        plain = self.repetition is None and not self.log_probs
+        if self.options.temperature == 0 and logits_row.ndim == 1 and plain:
             token = self._greedy(logits_row, generated)
             if token is not None:
                 return token
@@ -245,11 +253,30 @@ class RowSampler:
             x[self.eos_id] = -np.inf
         x[self.suppress[self.suppress < x.size]] = -np.inf
         if not np.isfinite(x).any():
+            self.last_log_prob = -np.inf
             return self.eos_id
+        if self.log_probs:
+            return self._scored(x)
         if self.options.temperature == 0:
             return int(np.argmax(x))
         options = self.options  # draw(filter_logits(x, ...), rng)'s token, in fewer passes
         return sample_float_row(x, options.temperature, options.top_k, options.top_p, self.rng)
+
+    def _scored(self, x: np.ndarray) -> int:
+        """``choose``'s token of the prepared row ``x`` (overwritten), its log-probability in
+        ``last_log_prob``."""
+        top = float(x.max())
+        with np.errstate(under="ignore"):
+            normaliser = top + float(np.log(np.exp(x - top).sum()))
+        if self.options.temperature == 0:
+            token = int(np.argmax(x))
+            self.last_log_prob = float(x[token]) - normaliser
+            return token
+        values = x.copy()  # the draw scales ``x`` in place
+        options = self.options
+        token = sample_float_row(x, options.temperature, options.top_k, options.top_p, self.rng)
+        self.last_log_prob = float(values[token]) - normaliser
+        return token
 
     def _greedy(self, logits_row: np.ndarray, generated: int) -> int | None:
         """Greedy choice without the float64 copy; None where the general path must decide.

@@ -10,7 +10,7 @@ import numpy as np
 
 from serving.engine.requests import GenerationRequest
 from serving.kserve.parameters import decoding_options
-from serving.kserve.request import Call, each, element_pixels, target_languages, utf8
+from serving.kserve.request import Call, Wanted, each, element_pixels, target_languages, utf8
 from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
 from serving.kserve.tensors import BYTES, output_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -19,6 +19,9 @@ from serving.served import Generated, LabelScore, ServedClassifier, ServedGenera
 T = TypeVar("T")
 ALL_CLASSES = 1 << 30  # top_k that makes ServedClassifier.classify return every class
 TEXT_OUTPUT = {"translation": "translation", "captioning": "caption"}
+# with the ``return_log_probs`` parameter: each token's log-probability, FP32 [N, T] (0 where
+# ``token_ids`` pads), after the requested outputs (an output of no declared signature)
+LOG_PROBS_OUTPUT = "token_log_probs"
 Outputs = dict[str, tuple[str, Any]]  # output name -> (datatype, values)
 
 
@@ -58,10 +61,14 @@ async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], Non
 
 
 def _token_matrix(sequences: list[list[int]]) -> np.ndarray:
+    return _padded(sequences, -1, np.int32)
+
+
+def _padded(sequences: list[list[Any]], fill: float, dtype: type) -> np.ndarray:
     width = max((len(s) for s in sequences), default=0)
-    matrix = np.full((len(sequences), width), -1, dtype=np.int32)
-    for row, ids in enumerate(sequences):
-        matrix[row, : len(ids)] = ids
+    matrix: np.ndarray = np.full((len(sequences), width), fill, dtype=dtype)
+    for row, values in enumerate(sequences):
+        matrix[row, : len(values)] = values
     return matrix
 
 
@@ -74,10 +81,14 @@ async def generate(call: Call, model: ServedGenerator) -> Outputs:
             job.cancel()
 
     results: list[Generated] = await _gather((model.generate(j) for j in jobs), cancel_jobs)
-    return {
+    outputs: Outputs = {
         TEXT_OUTPUT[model.config.task]: (BYTES, [r.text.encode() for r in results]),
         "token_ids": ("INT32", _token_matrix([r.token_ids for r in results])),
     }
+    if jobs and jobs[0].options.return_log_probs:
+        log_probs = [r.token_log_probs or [] for r in results]
+        outputs[LOG_PROBS_OUTPUT] = ("FP32", _padded(log_probs, 0.0, np.float32))
+    return outputs
 
 
 async def classify(call: Call, model: ServedClassifier) -> Outputs:
@@ -133,7 +144,8 @@ def build_response(
     response = pb.ModelInferResponse(
         model_name=model.name, model_version=str(model.version), id=call.request.id
     )
-    for wanted in call.wanted:
+    extra = (Wanted(LOG_PROBS_OUTPUT),) if LOG_PROBS_OUTPUT in outputs else ()
+    for wanted in (*call.wanted, *extra):
         datatype, values = outputs[wanted.name]
         if wanted.classification:
             datatype = BYTES

@@ -17,6 +17,7 @@ INT_OPTIONS = (
     "no_repeat_ngram_size",
 )
 FLOAT_OPTIONS = ("length_penalty", "temperature", "top_p", "repetition_penalty")
+BOOL_OPTIONS = ("return_log_probs",)
 
 
 def _param_value(parameter: pb.InferParameter) -> Any:
@@ -50,6 +51,16 @@ def float_parameter(name: str, parameter: pb.InferParameter) -> float:
     raise InvalidArgument(f"parameter {name!r} must be a number (double_param), got {value!r}")
 
 
+def bool_parameter(name: str, parameter: pb.InferParameter) -> bool:
+    """A true / false request parameter (bool_param, or a string "true" / "false")."""
+    value = _param_value(parameter)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, bool):
+        return value
+    raise InvalidArgument(f"parameter {name!r} must be true or false (bool_param), got {value!r}")
+
+
 def string_parameter(name: str, parameter: pb.InferParameter) -> str:
     value = _param_value(parameter)
     if not isinstance(value, str):
@@ -66,6 +77,9 @@ def decoding_options(parameters: Any) -> DecodingOptions:
     for name in FLOAT_OPTIONS:
         if name in parameters:
             kwargs[name] = float_parameter(name, parameters[name])
+    for name in BOOL_OPTIONS:
+        if name in parameters:
+            kwargs[name] = bool_parameter(name, parameters[name])
     return DecodingOptions(**kwargs)
 
 

@@ -25,15 +25,17 @@ def _final(final: bool) -> dict[str, bool | int | str]:
     return {"final": final, "triton_final_response": final}
 
 
-def _beam_search(call: Call) -> bool:
-    """Beam search settles its text only at the end: such requests are not streamed."""
-    return decoding_options(call.request.parameters).beam_size > 1
+def _whole(call: Call) -> bool:
+    """Beam search settles its text only at the end, and token log-probabilities come with
+    the whole output: such requests are not streamed."""
+    options = decoding_options(call.request.parameters)
+    return options.beam_size > 1 or options.return_log_probs
 
 
 async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
     """The decoupled responses of one streamed request (see the module docstring)."""
     model = call.model
-    if not isinstance(model, ServedGenerator) or call.batch > 1 or _beam_search(call):
+    if not isinstance(model, ServedGenerator) or call.batch > 1 or _whole(call):
         response = await infer(call)
         for key, value in _final(True).items():
             response.parameters[key].CopyFrom(parameter(value))

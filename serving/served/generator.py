@@ -54,6 +54,7 @@ class Generated:
     finish_reason: str  # stop | length
     score: float | None = None
     alternatives: list[tuple[str, list[int], float]] = field(default_factory=list)
+    token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
     input_tokens: int = 0
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -376,6 +377,7 @@ class ServedGenerator(ServedEntry):
             finish_reason=final.reason,
             score=final.score,
             alternatives=[(decode(ids), list(ids), score) for ids, score in final.alternatives],
+            token_log_probs=final.log_probs,
             input_tokens=final.input_tokens,
             queue_seconds=final.queue_seconds,
             total_seconds=time.monotonic() - request.arrival,

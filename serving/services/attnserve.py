@@ -45,6 +45,7 @@ def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
             message.repetition_penalty if message.HasField("repetition_penalty") else 1.0
         ),
         no_repeat_ngram_size=message.no_repeat_ngram_size,
+        return_log_probs=message.return_log_probs,
     )
 
 
@@ -77,6 +78,11 @@ def _stream_options(options: pb.DecodingOptions) -> DecodingOptions:
     parsed = decoding_options(options)
     if parsed.beam_size > 1:
         raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+    if parsed.return_log_probs:
+        raise InvalidArgument(
+            "return_log_probs comes with the unary calls (Translate, Caption): leave it off on "
+            "a stream, or use the unary call for the tokens' log-probabilities"
+        )
     return parsed
 
 
@@ -135,6 +141,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                     finish_reason=FINISH[result.finish_reason],
                     score=result.score or 0.0,
                     alternatives=_alternatives(result),
+                    token_log_probs=result.token_log_probs or (),
                 )
             )
         response.usage.input_tokens = sum(r.input_tokens for r in results)
@@ -178,6 +185,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             finish_reason=FINISH[result.finish_reason],
             score=result.score or 0.0,
             alternatives=_alternatives(result),
+            token_log_probs=result.token_log_probs or (),
             model=model.name,
             model_version=str(model.version),
             usage=pb.Usage(input_tokens=result.input_tokens, output_tokens=len(result.token_ids)),

@@ -265,14 +265,21 @@ def test_the_cli_passes_the_controls(
 
 
 def test_two_frontend_processes_carry_the_controls(
-    hf_repository: Path, marian: dict[str, Any]
+    hf_repository: Path, client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
+    """The options cross to the engine process, and the tokens' log-probabilities
+    (``return_log_probs``) come back: the same as from one process."""
     texts = marian["texts"][:6]
     expected = generate(marian, texts, num_beams=1, **CONTROLS[4])
+    options = {**CONTROLS[4], "return_log_probs": True}
+    one_process = client.translate(texts, to="de", model="marian", **options)
     with two_frontends(hf_repository, models=("marian",), connections=3) as (_server, stubs):
         for stub in stubs:
-            request = infer_request(
-                "marian", ("text", "BYTES", [t.encode() for t in texts]), **CONTROLS[4]
-            )
-            rows = decode_outputs(stub.ModelInfer(request, timeout=60))["token_ids"].tolist()
+            text = ("text", "BYTES", [t.encode() for t in texts])
+            outputs = decode_outputs(stub.ModelInfer(infer_request("marian", text, **options)))
+            rows = outputs["token_ids"].tolist()
             assert [[t for t in row if t != -1] for row in rows] == expected
+            for log_probs, ids, result in zip(
+                outputs["token_log_probs"], outputs["token_ids"], one_process, strict=True
+            ):
+                np.testing.assert_allclose(log_probs[ids != -1], result.token_log_probs, atol=1e-6)

@@ -93,6 +93,7 @@ def decoding_options(draw: st.DrawFn) -> pb.DecodingOptions:
         ("seed", st.integers(0, 2**64 - 1)),
         ("repetition_penalty", float32s),
         ("no_repeat_ngram_size", small_ints),
+        ("return_log_probs", st.booleans()),
     ):
         if draw(st.integers(0, 3)) == 0:
             setattr(options, name, draw(values))

@@ -54,6 +54,7 @@ OPTION_NAMES = [
     "num_alternatives",
     "repetition_penalty",
     "no_repeat_ngram_size",
+    "return_log_probs",
     "bogus",
 ]
 REGION = "fuzz"  # registered on the fuzzed server: REGION_BYTES random bytes

@@ -31,7 +31,8 @@ def infer_request(
         if data is not None:
             request.raw_input_contents.append(data)
     for key, value in params.items():
-        field = {str: "string_param", int: "int64_param", float: "double_param"}[type(value)]
+        kinds = {str: "string_param", int: "int64_param", float: "double_param"}
+        field = {**kinds, bool: "bool_param"}[type(value)]
         setattr(request.parameters[key], field, value)
     return request
 

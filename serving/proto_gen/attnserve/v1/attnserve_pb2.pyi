@@ -30,7 +30,7 @@ MODEL_STATE_LOADING: ModelState
 MODEL_STATE_UNAVAILABLE: ModelState
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size", "return_log_probs")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class DecodingOptions(_message.Message):
     NUM_ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     NO_REPEAT_NGRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     beam_size: int
@@ -53,7 +54,8 @@ class DecodingOptions(_message.Message):
     num_alternatives: int
     repetition_penalty: float
     no_repeat_ngram_size: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ...) -> None: ...
+    return_log_probs: bool
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., return_log_probs: _Optional[bool] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "token_ids", "score", "finish_reason")
@@ -104,18 +106,20 @@ class TranslateRequest(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Translation(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives")
+    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "token_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     score: float
     alternatives: _containers.RepeatedCompositeFieldContainer[Hypothesis]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ...) -> None: ...
+    token_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("translations", "model", "usage", "timing", "model_version")
@@ -182,7 +186,7 @@ class CaptionRequest(_message.Message):
     def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class CaptionResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version")
+    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version", "token_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +196,7 @@ class CaptionResponse(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     TIMING_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
@@ -201,7 +206,8 @@ class CaptionResponse(_message.Message):
     usage: Usage
     timing: Timing
     model_version: str
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
+    token_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CaptionStreamResponse(_message.Message):
     __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version")
