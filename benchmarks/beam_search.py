@@ -46,12 +46,14 @@ def runner_specs(
     tiny: bool,
     device: str = "cpu",
     skipped: list[dict[str, str]] | None = None,
-    controls: dict[str, Any] | None = None,
+    controls: dict[str, dict[str, Any]] | None = None,
 ) -> list[Any]:
     """The runners to build (exports and conversions done, cached): attnserve, and the engine
     benchmark's CTranslate2 runners and HF ``generate`` with its KV cache (fp32, fp16), each
-    given ``beam_size`` (and the decoding options ``controls``, the same for each); peers that
-    cannot run here land in ``skipped``."""
+    given ``beam_size`` (and further decoding options, ``controls`` by runner factory:
+    ``attnserve-beam``, ``ctranslate2``, ``hf``); peers that cannot run here land in
+    ``skipped``."""
+    controls = controls or {}
     from benchmarks.attnserve_runner import export_attnserve
     from benchmarks.beam_runner import beam_runner_name
     from benchmarks.engine_settings import EngineSettings
@@ -80,7 +82,7 @@ def runner_specs(
                 "threads": threads,
                 "max_batch": max_batch,
                 "instances": instances,
-                "controls": controls,
+                "controls": controls.get("attnserve-beam"),
             }
             name = beam_runner_name(precision, beam_size, instances, threads)
             specs.append(RunnerSpec(name, "attnserve-beam", kwargs))
@@ -93,7 +95,11 @@ def runner_specs(
     wanted = {hf_name(True, precision) for precision in precisions}
     skipped += [entry for entry in hf_skipped if entry["engine"] in wanted]
     specs += [
-        RunnerSpec(p.name, p.factory, {**p.kwargs, "beam_size": beam_size, "controls": controls})
+        RunnerSpec(
+            p.name,
+            p.factory,
+            {**p.kwargs, "beam_size": beam_size, "controls": controls.get(p.factory)},
+        )
         for p in peers
     ]
     return specs
@@ -154,10 +160,10 @@ def measure(
     tiny: bool,
     device: str = "cpu",
     skipped: list[dict[str, str]] | None = None,
-    controls: dict[str, Any] | None = None,
+    controls: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The points per (precision, batch), every runner decoding with ``controls`` besides
-    ``beam_size``; runners that cannot run here land in ``skipped``."""
+    """The points per (precision, batch), every runner decoding with its factory's
+    ``controls`` besides ``beam_size``; runners that cannot run here land in ``skipped``."""
     from benchmarks.marian import BASE, TINY, source_ids
     from benchmarks.peers import Unavailable
     from benchmarks.runners import IsolatedRunner

@@ -192,8 +192,7 @@ class CTranslate2Runner(Runner):
             batch_type="examples",
             min_decoding_length=self.new_tokens,
             max_decoding_length=self.new_tokens,
-            return_scores=False,
-            **self.controls,
+            **{"return_scores": False, **self.controls},
         )
         return np.array(
             [[self.index.get(t, -1) for t in r.hypotheses[0]] for r in results], dtype=np.int64
@@ -286,6 +285,7 @@ class HFGenerateRunner(Runner):
                 use_cache=self.use_cache,
                 **self.controls,
             )
+        out = getattr(out, "sequences", out)  # return_dict_in_generate: a ModelOutput
         if self.device == "cuda":
             torch.cuda.synchronize()
         return out[:, 1:].cpu().numpy()  # drop the decoder start token

@@ -1,21 +1,25 @@
-"""Repetition controls against CTranslate2 and Hugging Face ``generate``, same model, same run.
+"""Repetition controls and scores against CTranslate2 and Hugging Face ``generate``, same model,
+same run.
 
-    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both]
+    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both,scores]
         [--beam-sizes 1,4] [--precisions fp32] [--batches 1,16] [--new-tokens 32]
         [--repetitions 3] [--out DIR] [--tiny]
 
-``repetition_penalty`` and ``no_repeat_ngram_size`` take a request off attnserve's fast greedy
-path (every row's argmax in one pass, or on the device): its rows are chosen one by one from the
-host logits, as sampled rows are. This probe times what that costs, and where the peers stand
-with the same options: for each setup (``none``; ``penalty``: ``repetition_penalty`` 1.2;
-``ngram``: ``no_repeat_ngram_size`` 3; ``both``) and beam size, ``benchmarks.beam_search``'s
-runners (the served engine, CTranslate2's thread splits, HF ``generate`` with its KV cache) on
-the engine benchmark's random Marian model (Marian-base shape, or the CI's tiny one with
-``--tiny``) decode exactly ``--new-tokens`` tokens per row, alternating within each round.
-Writes ``repetition-controls-*.json``: per (setup, beam size, precision, batch) each runner's
-new tokens/s, attnserve's ratios to the best CTranslate2 runner and to HF, and each runner's
-rate relative to its own rate without controls (``vs_none``: from the ``none`` setup's runners,
-started anew for each setup, so that ratio also holds the machine's drift between setups).
+``repetition_penalty``, ``no_repeat_ngram_size`` and ``return_log_probs`` take a request off
+attnserve's fast greedy path (every row's argmax in one pass, or on the device): its rows are
+chosen one by one from the host logits, as sampled rows are. This probe times what that costs,
+and where the peers stand with the same options: for each setup (``none``; ``penalty``:
+``repetition_penalty`` 1.2; ``ngram``: ``no_repeat_ngram_size`` 3; ``both``; ``scores``:
+attnserve's ``return_log_probs``, CTranslate2's ``return_scores``, ``generate``'s
+``output_scores``; beam search scores its hypotheses in any case) and beam size,
+``benchmarks.beam_search``'s runners (the served engine, CTranslate2's thread splits, HF
+``generate`` with its KV cache) on the engine benchmark's random Marian model (Marian-base shape,
+or the CI's tiny one with ``--tiny``) decode exactly ``--new-tokens`` tokens per row,
+alternating within each round. Writes ``repetition-controls-*.json``: per (setup, beam size,
+precision, batch) each runner's new tokens/s, attnserve's ratios to the best CTranslate2 runner
+and to HF, and each runner's rate relative to its own rate without controls (``vs_none``: from
+the ``none`` setup's runners, started anew for each setup, so that ratio also holds the
+machine's drift between setups).
 """
 
 from __future__ import annotations
@@ -27,12 +31,37 @@ from typing import Any
 from benchmarks.beam_search import SOURCE_TOKENS, measure
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
 
-SETUPS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "penalty": {"repetition_penalty": 1.2},
-    "ngram": {"no_repeat_ngram_size": 3},
-    "both": {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3},
+FACTORIES = ("attnserve-beam", "ctranslate2", "hf")
+
+
+def same(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The same decoding options for every runner factory."""
+    return {factory: options for factory in FACTORIES}
+
+
+# per setup, each runner factory's decoding options
+SETUPS: dict[str, dict[str, dict[str, Any]]] = {
+    "none": same({}),
+    "penalty": same({"repetition_penalty": 1.2}),
+    "ngram": same({"no_repeat_ngram_size": 3}),
+    "both": same({"repetition_penalty": 1.2, "no_repeat_ngram_size": 3}),
+    # each token's log-probability (attnserve), the output's score (CTranslate2's
+    # return_scores), generate's scores per step (output_scores)
+    "scores": {
+        "attnserve-beam": {"return_log_probs": True},
+        "ctranslate2": {"return_scores": True},
+        "hf": {"output_scores": True, "return_dict_in_generate": True},
+    },
 }
+
+
+def setup_controls(setup: str, beam_size: int) -> dict[str, dict[str, Any]]:
+    """A setup's options for ``beam_size``: beam search scores its hypotheses anyway, and
+    attnserve takes ``return_log_probs`` with greedy decoding and sampling only."""
+    controls = SETUPS[setup]
+    if beam_size > 1 and setup == "scores":
+        return {**controls, "attnserve-beam": {}}
+    return controls
 
 
 def with_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.repetitions,
                 args.tiny,
                 skipped=skipped,
-                controls=SETUPS[setup],
+                controls=setup_controls(setup, beam_size),
             ):
-                points.append({"setup": setup, "controls": SETUPS[setup], "beam_size": beam_size})
+                controls = setup_controls(setup, beam_size)
+                points.append({"setup": setup, "controls": controls, "beam_size": beam_size})
                 points[-1].update(point)
     write_probe(
         "repetition-controls",

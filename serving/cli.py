@@ -262,6 +262,14 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             type=int,
             help="no n-gram of this size occurs twice in the output (0 = off)",
         )
+        command.add_argument(
+            "--log-probs",
+            dest="return_log_probs",
+            action="store_const",
+            const=True,
+            help="also print the output's score and each token's log-probability "
+            "(greedy or sampling, not with --stream)",
+        )
     command.set_defaults(handler=run_client)
 
 
@@ -357,6 +365,7 @@ def run_client(args: argparse.Namespace) -> int:
             "seed",
             "repetition_penalty",
             "no_repeat_ngram_size",
+            "return_log_probs",
         )
     }
     routing: dict[str, Any] = {
@@ -396,13 +405,14 @@ def run_client(args: argparse.Namespace) -> int:
                         _print_stream(client.translate_stream(text, args.to, **routing, **options))
                     return 0
                 for result in client.translate(args.text, args.to, **routing, **options):
-                    print(result.text)
+                    _print_result(result, bool(options["return_log_probs"]))
                 return 0
             image = _read(args.image)
             if args.stream:
                 _print_stream(client.caption_stream(image, **routing, **options))
             else:
-                print(client.caption(image, **routing, **options).text)
+                caption = client.caption(image, **routing, **options)
+                _print_result(caption, bool(options["return_log_probs"]))
             return 0
         except ClientError as err:
             print(f"attnserve {args.command}: {err}", file=sys.stderr)
@@ -414,6 +424,15 @@ def run_client(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return 2 if err.code.name in ("INVALID_ARGUMENT", "NOT_FOUND") else 1
+
+
+def _print_result(result: Any, log_probs: bool) -> None:
+    """A generated text; with ``log_probs`` also its score and its tokens' log-probabilities
+    (a tab-separated line: score, then one value per token)."""
+    print(result.text)
+    if log_probs:
+        values = [f"{result.score:.4f}", *(f"{p:.4f}" for p in result.token_log_probs)]
+        print("\t".join(values))
 
 
 def _models(client: Any, args: argparse.Namespace) -> int:

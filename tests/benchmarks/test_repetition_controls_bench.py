@@ -18,14 +18,17 @@ PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("tr
 
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> None:
-    args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", "none,both"]
+    args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", "none,both,scores"]
     args += ["--beam-sizes", "1,3", "--batches", "2", "--new-tokens", "6"]
     assert repetition_controls.main(args) == 0
     (path,) = tmp_path.glob("repetition-controls-*-tiny.json")
     result = json.loads(path.read_text())
     points = {(p["setup"], p["beam_size"]): p for p in result["points"]}
-    assert set(points) == {("none", 1), ("both", 1), ("none", 3), ("both", 3)}
+    assert set(points) == {(s, b) for s in ("none", "both", "scores") for b in (1, 3)}
     assert points[("both", 3)]["controls"] == repetition_controls.SETUPS["both"]
+    assert points[("scores", 1)]["controls"]["attnserve-beam"] == {"return_log_probs": True}
+    assert points[("scores", 3)]["controls"]["attnserve-beam"] == {}  # beams score anyway
+    assert not result["skipped"]  # every engine took its options
     assert {"attnserve-fp32-greedy", "hf-generate-kv"} <= set(points[("both", 1)]["runs"])
     assert "attnserve-fp32-beam3" in points[("both", 3)]["runs"]
     for point in points.values():
@@ -34,6 +37,7 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
     for beam in (1, 3):
         plain, both = points[("none", beam)], points[("both", beam)]
         assert set(plain["vs_none"].values()) == {1.0}
+        assert set(points[("scores", beam)]["runs"]) == set(plain["runs"])
         for name, rate in both["new_tokens_per_s"].items():
             expected = rate / plain["new_tokens_per_s"][name]
             assert both["vs_none"][name] == pytest.approx(expected, abs=1e-3)
@@ -53,7 +57,7 @@ def test_the_runners_decode_with_the_controls(beam_size: int) -> None:
     marian_dir = build_marian(cache, TINY)
     entry = export_attnserve(marian_dir, cache, TINY, "fp32", fast_int8=True)
     ids = source_ids(np.random.default_rng(3), 3, 8, TINY)
-    controls = repetition_controls.SETUPS["both"]
+    controls = repetition_controls.SETUPS["both"]["attnserve-beam"]
     outputs = {}
     for setup in ({}, controls):
         ours = AttnServeBeamRunner(entry, "fp32", 9, beam_size, 1, 3, controls=setup)

@@ -187,3 +187,23 @@ def test_kserve_returns_the_log_probs_as_an_output(
         assert [t for t in ids.tolist() if t != -1] == result.token_ids
         np.testing.assert_allclose(row[ids != -1], result.token_log_probs, atol=1e-6)
         assert (row[ids == -1] == 0).all()
+
+
+def test_the_cli_prints_the_score_and_log_probs(
+    server: ServerThread,
+    client: AttnServeClient,
+    marian: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import attnserve_cli
+
+    text = marian["texts"][1]
+    (result,) = client.translate([text], to="de", model="marian", return_log_probs=True)
+    args = ["translate", text, "--to", "de", "--model", "marian", "--server", server.address]
+    assert attnserve_cli.main([*args, "--log-probs"]) == 0
+    printed, values = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert printed == result.text
+    numbers = [float(v) for v in values.split("\t")]
+    assert numbers == pytest.approx([result.score, *result.token_log_probs], abs=1e-4)
+    assert attnserve_cli.main([*args, "--log-probs", "--stream"]) == 2
+    assert "return_log_probs comes with the unary calls" in capsys.readouterr().err
