@@ -11,7 +11,6 @@ tokenizer's ``decode``, top-1 labels with the model's argmax, pixels with the im
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,27 +41,10 @@ from tests.export.hf_fixtures import (  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("offline_hub")
+
 EXAMPLES = 120  # inputs per model (the goal: >= 100)
 PIXEL_TOLERANCE = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Never touch the hub: every load is from a local directory."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def server(hf_repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(hf_repository, metrics_port=-1) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[AttnServeClient]:
-    with AttnServeClient(server.address) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +104,14 @@ def test_marian_source_ids_are_marian_tokenizers(hf_repository: Path, marian: di
     assert source.ids(marian["texts"][0], "").tolist() == expected[0]  # the one language
 
 
-def test_marian_translate_is_generate(client: AttnServeClient, marian: dict) -> None:
+def test_marian_translate_is_generate(hf_client: AttnServeClient, marian: dict) -> None:
     """Greedy ids identical to generate() for every text; pad never generated (without the
     rule greedy decoding would choose it), forced EOS at max_length; text is decode()'s."""
     texts, tokenizer = marian["texts"], marian["tokenizer"]
     served = [
         r
         for i in range(0, len(texts), 32)
-        for r in client.translate(texts[i : i + 32], to="de", model="marian")
+        for r in hf_client.translate(texts[i : i + 32], to="de", model="marian")
     ]
     assert [r.token_ids for r in served] == marian["ids"]
     assert [r.text for r in served] == [
@@ -141,12 +123,14 @@ def test_marian_translate_is_generate(client: AttnServeClient, marian: dict) -> 
     assert all(r.finish_reason == "stop" for r in served)  # every one ends with EOS
 
 
-def test_marian_stream_and_kserve_agree(server: ServerThread, client: AttnServeClient, marian):
+def test_marian_stream_and_kserve_agree(
+    hf_server: ServerThread, hf_client: AttnServeClient, marian
+):
     texts = marian["texts"][:8]
     expected = [marian["tokenizer"].decode(ids, skip_special_tokens=True) for ids in marian["ids"]]
     for i, text in enumerate(texts):
-        assert "".join(client.translate_stream(text, to="de", model="marian")) == expected[i]
-    with grpc.insecure_channel(server.address) as channel:
+        assert "".join(hf_client.translate_stream(text, to="de", model="marian")) == expected[i]
+    with grpc.insecure_channel(hf_server.address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         request = infer_request(
             "marian", ("text", "BYTES", [t.encode() for t in texts]), target_language="de"
@@ -161,9 +145,9 @@ def test_marian_stream_and_kserve_agree(server: ServerThread, client: AttnServeC
         assert [t for t in row if t != -1] == ids
 
 
-def test_marian_refuses_another_target_language(client: AttnServeClient) -> None:
+def test_marian_refuses_another_target_language(hf_client: AttnServeClient) -> None:
     with pytest.raises(Exception, match="choose one of: de"):
-        client.translate(["forty-two"], to="fr", model="marian")
+        hf_client.translate(["forty-two"], to="fr", model="marian")
 
 
 # --- ViTForImageClassification ------------------------------------------------------------------
@@ -185,7 +169,10 @@ def test_vit_preprocessing_is_the_image_processors(
 
 
 def test_vit_classify_is_the_models_argmax(
-    server: ServerThread, client: AttnServeClient, hf_sources: dict[str, Path], images: list[bytes]
+    hf_server: ServerThread,
+    hf_client: AttnServeClient,
+    hf_sources: dict[str, Path],
+    images: list[bytes],
 ) -> None:
     processor = transformers.AutoImageProcessor.from_pretrained(hf_sources["hf-vit"])
     model = transformers.ViTForImageClassification.from_pretrained(hf_sources["hf-vit"]).eval()
@@ -194,9 +181,9 @@ def test_vit_classify_is_the_models_argmax(
         top = model(pixel_values=pixels).logits.argmax(-1).tolist()
     expected = [model.config.id2label[i] for i in top]
     assert len(set(expected)) > 2  # the images do not all look alike to the model
-    served = [client.classify(data, top_k=1, model="hf-vit")[0].label for data in images]
+    served = [hf_client.classify(data, top_k=1, model="hf-vit")[0].label for data in images]
     assert served == expected
-    with grpc.insecure_channel(server.address) as channel:
+    with grpc.insecure_channel(hf_server.address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         request = infer_request("hf-vit", ("image", "BYTES", images[:16]))
         labels = decode_outputs(stub.ModelInfer(request, timeout=30))["label"].tolist()
@@ -207,7 +194,7 @@ def test_vit_classify_is_the_models_argmax(
 
 
 def test_captioner_caption_is_generate(
-    client: AttnServeClient, hf_sources: dict[str, Path], images: list[bytes]
+    hf_client: AttnServeClient, hf_sources: dict[str, Path], images: list[bytes]
 ) -> None:
     directory = hf_sources["hf-captioner"]
     processor = transformers.AutoImageProcessor.from_pretrained(directory)
@@ -221,17 +208,17 @@ def test_captioner_caption_is_generate(
     end = tokenizer.eos_token_id
     expected = [hf_generated(row, end, end) for row in generated.tolist()]
     assert len({len(ids) for ids in expected}) > 3  # some captions end early
-    served = [client.caption(data, model="hf-captioner") for data in images]
+    served = [hf_client.caption(data, model="hf-captioner") for data in images]
     assert [r.token_ids for r in served] == expected
     assert [r.text for r in served] == [
         tokenizer.decode(ids, skip_special_tokens=True) for ids in expected
     ]
-    streamed = "".join(client.caption_stream(images[0], model="hf-captioner"))
+    streamed = "".join(hf_client.caption_stream(images[0], model="hf-captioner"))
     assert streamed == served[0].text
 
 
 def test_marian_beam_search_is_generate(
-    client: AttnServeClient, hf_sources: dict[str, Path], marian
+    hf_client: AttnServeClient, hf_sources: dict[str, Path], marian
 ):
     """Beam search (4 beams, Marian's default) applies the same token rules as generate()."""
     model = transformers.MarianMTModel.from_pretrained(hf_sources["marian"]).eval()
@@ -245,5 +232,5 @@ def test_marian_beam_search_is_generate(
         )
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     expected = [hf_generated(row, eos, pad) for row in generated.tolist()]
-    served = [client.translate([t], to="de", model="marian", beam_size=4)[0] for t in texts]
+    served = [hf_client.translate([t], to="de", model="marian", beam_size=4)[0] for t in texts]
     assert [r.token_ids for r in served] == expected

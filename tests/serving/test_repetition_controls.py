@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from tests.serving.frontends import two_frontends  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("offline_hub")
+
 TEXTS = 40
 CONTROLS: list[dict[str, Any]] = [
     {"repetition_penalty": 1.8},
@@ -45,12 +46,6 @@ CONTROLS: list[dict[str, Any]] = [
     {"no_repeat_ngram_size": 2},
     {"repetition_penalty": 1.3, "no_repeat_ngram_size": 3},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
 
 
 # --- the rules against HF's processors ----------------------------------------------------------
@@ -97,18 +92,6 @@ def test_the_rules_of_options() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(hf_repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(hf_repository, metrics_port=-1) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[AttnServeClient]:
-    with AttnServeClient(server.address) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
 def marian(hf_sources: dict[str, Path]) -> dict[str, Any]:
     directory = hf_sources["marian"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
@@ -131,8 +114,8 @@ def generate(marian: dict[str, Any], texts: list[str], **options: Any) -> list[l
     return [hf_generated(row, eos, pad) for row in rows.tolist()]
 
 
-def translate(client: AttnServeClient, texts: list[str], **options: Any) -> list[list[int]]:
-    return [r.token_ids for r in client.translate(texts, to="de", model="marian", **options)]
+def translate(hf_client: AttnServeClient, texts: list[str], **options: Any) -> list[list[int]]:
+    return [r.token_ids for r in hf_client.translate(texts, to="de", model="marian", **options)]
 
 
 def _name(controls: dict[str, Any]) -> str:
@@ -141,30 +124,32 @@ def _name(controls: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("controls", CONTROLS, ids=_name)
 def test_greedy_with_controls_is_generate(
-    client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
 ) -> None:
     texts = marian["texts"]
     expected = generate(marian, texts, num_beams=1, **controls)
     assert expected != generate(marian, texts, num_beams=1)  # the controls change outputs
-    served = translate(client, texts[:20], **controls) + translate(client, texts[20:], **controls)
+    served = translate(hf_client, texts[:20], **controls) + translate(
+        hf_client, texts[20:], **controls
+    )
     assert served == expected
-    streamed = client.translate_stream(texts[0], to="de", model="marian", **controls)
+    streamed = hf_client.translate_stream(texts[0], to="de", model="marian", **controls)
     assert "".join(streamed) == marian["tokenizer"].decode(expected[0], skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("controls", CONTROLS[1:4], ids=_name)
 def test_beam_search_with_controls_is_generate(
-    client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
 ) -> None:
     texts = marian["texts"][:12]
     expected = generate(marian, texts, num_beams=4, **controls)
     assert expected != generate(marian, texts, num_beams=4)
-    served = [translate(client, [text], beam_size=4, **controls)[0] for text in texts]
+    served = [translate(hf_client, [text], beam_size=4, **controls)[0] for text in texts]
     assert served == expected
 
 
 def test_requests_of_other_options_in_one_batch_keep_their_own_tokens(
-    client: AttnServeClient, marian: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
     """Plain greedy, penalised greedy and n-gram-banned beams at once: each its own tokens."""
     texts = marian["texts"][:16]
@@ -178,7 +163,7 @@ def test_requests_of_other_options_in_one_batch_keep_their_own_tokens(
         expected[key] = generate(marian, texts, **hf)
     with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
         futures = {
-            pool.submit(lambda i, o: translate(client, [texts[i]], **o)[0], i, options): (
+            pool.submit(lambda i, o: translate(hf_client, [texts[i]], **o)[0], i, options): (
                 i,
                 tuple(sorted(options.items())),
             )
@@ -188,12 +173,14 @@ def test_requests_of_other_options_in_one_batch_keep_their_own_tokens(
             assert future.result(timeout=60) == expected[key][i]
 
 
-def test_kserve_parameters_carry_the_controls(server: ServerThread, marian: dict[str, Any]) -> None:
+def test_kserve_parameters_carry_the_controls(
+    hf_server: ServerThread, marian: dict[str, Any]
+) -> None:
     texts = marian["texts"][:8]
     expected = generate(marian, texts, num_beams=1, **CONTROLS[4])
     # numeric strings work too
     as_strings: dict[str, Any] = {k: str(v) for k, v in CONTROLS[4].items()}
-    with grpc.insecure_channel(server.address) as channel:
+    with grpc.insecure_channel(hf_server.address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         for params in (CONTROLS[4], as_strings):
             text = ("text", "BYTES", [t.encode() for t in texts])
@@ -207,20 +194,20 @@ def _ngrams(tokens: list[int], size: int) -> list[tuple[int, ...]]:
 
 
 def test_sampling_never_repeats_a_banned_ngram(
-    client: AttnServeClient, marian: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
     """Seeded sampling at a low temperature repeats bigrams; with the ban it never does, and
     the same seed gives the same tokens."""
     start = marian["model"].config.decoder_start_token_id
     texts = marian["texts"][:20]
     sampling = {"temperature": 0.5, "seed": 3}
-    free = translate(client, texts, **sampling)
+    free = translate(hf_client, texts, **sampling)
     assert any(len(set(g)) < len(g) for g in (_ngrams([start, *t], 2) for t in free))
-    banned = translate(client, texts, no_repeat_ngram_size=2, **sampling)
+    banned = translate(hf_client, texts, no_repeat_ngram_size=2, **sampling)
     for tokens in banned:
         grams = _ngrams([start, *tokens], 2)
         assert len(set(grams)) == len(grams), tokens
-    assert translate(client, texts, no_repeat_ngram_size=2, **sampling) == banned
+    assert translate(hf_client, texts, no_repeat_ngram_size=2, **sampling) == banned
 
 
 BAD = [
@@ -234,12 +221,12 @@ BAD = [
 
 @pytest.mark.parametrize(("options", "message"), BAD)
 def test_bad_controls_are_invalid_argument(
-    server: ServerThread, client: AttnServeClient, options: dict[str, Any], message: str
+    hf_server: ServerThread, hf_client: AttnServeClient, options: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(ClientError, match="INVALID_ARGUMENT") as caught:
-        client.translate(["one two"], to="de", model="marian", **options)
+        hf_client.translate(["one two"], to="de", model="marian", **options)
     assert message in str(caught.value)
-    with grpc.insecure_channel(server.address) as channel:
+    with grpc.insecure_channel(hf_server.address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         request = infer_request("marian", ("text", "BYTES", [b"one two"]), **options)
         with pytest.raises(grpc.RpcError) as rpc:
@@ -249,7 +236,7 @@ def test_bad_controls_are_invalid_argument(
 
 
 def test_the_cli_passes_the_controls(
-    server: ServerThread, marian: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    hf_server: ServerThread, marian: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     text = marian["texts"][0]
     tokenizer = marian["tokenizer"]
@@ -259,20 +246,20 @@ def test_the_cli_passes_the_controls(
     ):
         ids = generate(marian, [text], num_beams=1, **controls)[0]
         expected = tokenizer.decode(ids, skip_special_tokens=True)
-        args = ["translate", text, "--to", "de", "--model", "marian", "--server", server.address]
+        args = ["translate", text, "--to", "de", "--model", "marian", "--server", hf_server.address]
         assert attnserve_cli.main([*args, *flags]) == 0
         assert capsys.readouterr().out.strip() == expected
 
 
 def test_two_frontend_processes_carry_the_controls(
-    hf_repository: Path, client: AttnServeClient, marian: dict[str, Any]
+    hf_repository: Path, hf_client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
     """The options cross to the engine process, and the tokens' log-probabilities
     (``return_log_probs``) come back: the same as from one process."""
     texts = marian["texts"][:6]
     expected = generate(marian, texts, num_beams=1, **CONTROLS[4])
     options = {**CONTROLS[4], "return_log_probs": True}
-    one_process = client.translate(texts, to="de", model="marian", **options)
+    one_process = hf_client.translate(texts, to="de", model="marian", **options)
     with two_frontends(hf_repository, models=("marian",), connections=3) as (_server, stubs):
         for stub in stubs:
             text = ("text", "BYTES", [t.encode() for t in texts])

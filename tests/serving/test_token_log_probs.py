@@ -10,7 +10,6 @@ temperature, a forced EOS's is 0; requests without the option keep the fast path
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,26 +28,10 @@ from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E4
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("offline_hub")
+
 TEXTS = 24
 TOLERANCE = 2e-4  # ONNX Runtime against PyTorch logits, through a log-softmax
-
-
-@pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def server(hf_repository: Path) -> Iterator[ServerThread]:
-    with ServerThread(hf_repository, metrics_port=-1) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[AttnServeClient]:
-    with AttnServeClient(server.address) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +67,10 @@ def generate_scored(marian: dict[str, Any], text: str, **options: Any) -> tuple[
 
 @pytest.mark.parametrize("controls", [{}, {"repetition_penalty": 1.6}], ids=["plain", "penalty"])
 def test_greedy_log_probs_are_generates_scores(
-    client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any], controls: dict[str, Any]
 ) -> None:
     texts = marian["texts"]
-    served = client.translate(texts, to="de", model="marian", return_log_probs=True, **controls)
+    served = hf_client.translate(texts, to="de", model="marian", return_log_probs=True, **controls)
     ended = 0
     for text, result in zip(texts, served, strict=True):
         ids, scores = generate_scored(marian, text, **controls)
@@ -100,23 +83,23 @@ def test_greedy_log_probs_are_generates_scores(
     assert ended == len(texts)  # the fixture's forced EOS: every output ends with EOS
 
 
-def test_without_the_option_nothing_changes(client: AttnServeClient, marian: dict) -> None:
+def test_without_the_option_nothing_changes(hf_client: AttnServeClient, marian: dict) -> None:
     texts = marian["texts"][:8]
-    plain = client.translate(texts, to="de", model="marian")
-    scored = client.translate(texts, to="de", model="marian", return_log_probs=True)
+    plain = hf_client.translate(texts, to="de", model="marian")
+    scored = hf_client.translate(texts, to="de", model="marian", return_log_probs=True)
     assert [r.token_ids for r in plain] == [r.token_ids for r in scored]
     assert all(r.score == 0 and r.token_log_probs == () for r in plain)
 
 
 def test_sampled_log_probs_are_before_temperature(
-    client: AttnServeClient, marian: dict[str, Any]
+    hf_client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
     """A sampled token's log-prob is the model's log-softmax (temperature and top-k do not
     change it): teacher-forcing the sampled ids through PyTorch gives the same values."""
     tokenizer, model = marian["tokenizer"], marian["model"]
     text = marian["texts"][0]
     options = {"temperature": 1.5, "top_k": 20, "seed": 9, "return_log_probs": True}
-    (result,) = client.translate([text], to="de", model="marian", **options)
+    (result,) = hf_client.translate([text], to="de", model="marian", **options)
     start = model.config.decoder_start_token_id
     decoder = torch.tensor([[start, *result.token_ids]])
     with torch.no_grad():
@@ -127,11 +110,11 @@ def test_sampled_log_probs_are_before_temperature(
     np.testing.assert_allclose(result.token_log_probs, expected, atol=TOLERANCE)
 
 
-def test_a_forced_eos_scores_zero(client: AttnServeClient, marian: dict[str, Any]) -> None:
+def test_a_forced_eos_scores_zero(hf_client: AttnServeClient, marian: dict[str, Any]) -> None:
     """At the last position the model's forced EOS is the only possible token: log-prob 0, so
     an output cut there scores the sum of its tokens alone."""
     longest = max(
-        client.translate(marian["texts"], to="de", model="marian", return_log_probs=True),
+        hf_client.translate(marian["texts"], to="de", model="marian", return_log_probs=True),
         key=lambda r: len(r.token_ids),
     )
     assert len(longest.token_ids) == MARIAN_MAX_LENGTH - 2  # forced EOS at the last position
@@ -146,22 +129,24 @@ def test_a_forced_eos_scores_zero(client: AttnServeClient, marian: dict[str, Any
     ],
 )
 def test_beams_and_streams_refuse_the_option(
-    client: AttnServeClient, call: str, message: str
+    hf_client: AttnServeClient, call: str, message: str
 ) -> None:
     with pytest.raises(ClientError, match="INVALID_ARGUMENT") as caught:
         if call == "beam":
-            client.translate(["one"], to="de", model="marian", beam_size=2, return_log_probs=True)
+            hf_client.translate(
+                ["one"], to="de", model="marian", beam_size=2, return_log_probs=True
+            )
         else:
-            list(client.translate_stream("one", to="de", model="marian", return_log_probs=True))
+            list(hf_client.translate_stream("one", to="de", model="marian", return_log_probs=True))
     assert message in str(caught.value)
 
 
 def test_kserve_returns_the_log_probs_as_an_output(
-    server: ServerThread, client: AttnServeClient, marian: dict[str, Any]
+    hf_server: ServerThread, hf_client: AttnServeClient, marian: dict[str, Any]
 ) -> None:
     texts = marian["texts"][:6]
-    served = client.translate(texts, to="de", model="marian", return_log_probs=True)
-    with grpc.insecure_channel(server.address) as channel:
+    served = hf_client.translate(texts, to="de", model="marian", return_log_probs=True)
+    with grpc.insecure_channel(hf_server.address) as channel:
         stub = kserve_grpc.GRPCInferenceServiceStub(channel)
         request = infer_request(
             "marian", ("text", "BYTES", [t.encode() for t in texts]), return_log_probs=True
@@ -190,16 +175,16 @@ def test_kserve_returns_the_log_probs_as_an_output(
 
 
 def test_the_cli_prints_the_score_and_log_probs(
-    server: ServerThread,
-    client: AttnServeClient,
+    hf_server: ServerThread,
+    hf_client: AttnServeClient,
     marian: dict[str, Any],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     import attnserve_cli
 
     text = marian["texts"][1]
-    (result,) = client.translate([text], to="de", model="marian", return_log_probs=True)
-    args = ["translate", text, "--to", "de", "--model", "marian", "--server", server.address]
+    (result,) = hf_client.translate([text], to="de", model="marian", return_log_probs=True)
+    args = ["translate", text, "--to", "de", "--model", "marian", "--server", hf_server.address]
     assert attnserve_cli.main([*args, "--log-probs"]) == 0
     printed, values = capsys.readouterr().out.rstrip("\n").split("\n")
     assert printed == result.text
