@@ -38,8 +38,14 @@ ENGINE_FILTERS = ("temperature", "top_k_50_top_p_0.95")
 FAST_CHOOSE = RowSampler.choose
 
 
-def reference_choose(sampler: RowSampler, logits_row: np.ndarray, generated: int) -> int:
-    """``RowSampler.choose`` as it was: a fresh clean copy, ``filter_logits``, ``draw``."""
+def reference_choose(
+    sampler: RowSampler,
+    logits_row: np.ndarray,
+    generated: int,
+    history: np.ndarray | None = None,
+) -> int:
+    """``RowSampler.choose`` as it was: a fresh clean copy, ``filter_logits``, ``draw`` (the
+    probe's requests ask for no repetition controls, which need ``history``)."""
     if generated == sampler.forced_eos_at:
         return sampler.eos_id
     options = sampler.options

@@ -268,7 +268,7 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             action="store_const",
             const=True,
             help="also print the output's score and each token's log-probability "
-            "(greedy or sampling, not with --stream)",
+            "(greedy or sampling; not with --stream)",
         )
     command.set_defaults(handler=run_client)
 
@@ -399,6 +399,13 @@ def run_client(args: argparse.Namespace) -> int:
                 for label in labels:
                     print(f"{label.label}\t{label.score:.4f}")
                 return 0
+            if getattr(args, "stream", False) and options.get("return_log_probs"):
+                print(
+                    f"attnserve {args.command}: --log-probs prints whole outputs; leave out "
+                    "--stream (a stream's messages carry them for API clients)",
+                    file=sys.stderr,
+                )
+                return 2
             if args.command == "translate":
                 if args.stream:
                     for text in args.text:

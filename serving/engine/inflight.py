@@ -687,7 +687,11 @@ class InFlightEngine:
             return self._finish(seq, "stop", done)
         state.tokens[slot, done] = token
         state.next_id[slot] = token
-        self._outbox.post_token(seq.request, token, done)
+        if seq.options.return_log_probs:  # with its log-probability: never in token columns
+            log_prob = float(state.log_probs[slot, done])
+            self._outbox.post(seq.request, TokenEvent(token, done, log_prob))
+        else:
+            self._outbox.post_token(seq.request, token, done)
         if done + 1 >= seq.limit:
             return self._finish(seq, "length", done + 1)
         return False

@@ -29,6 +29,7 @@ class TokenEvent:
 
     token_id: int
     index: int  # 0-based position in the output
+    log_prob: float | None = None  # the token's log-probability (``return_log_probs``)
 
 
 @dataclass

@@ -38,7 +38,8 @@ class DecodingOptions:
             1 = off (``serving.generation.repetition``).
         no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
         return_log_probs: report each chosen token's log-probability and the output's score
-            (greedy decoding and sampling; ``serving.generation.sampling.RowSampler``).
+            (greedy decoding and sampling, unary or streamed;
+            ``serving.generation.sampling.RowSampler``).
     """
 
     max_new_tokens: int | None = None

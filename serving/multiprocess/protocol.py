@@ -33,7 +33,8 @@ has read, whose arrays in shared memory it has copied out):
 
 - ``events``: ``{"t": "events", "ack", "items": [[id, kind, payload], ...], "tokens": true?,
   "arrays": [...]}`` + array frames: everything one engine loop turn has for that frontend, in
-  one message. Item kinds: ``token`` ([token_id, index]), ``finish`` (FinishEvent fields),
+  one message. Item kinds: ``token`` ([token_id, index], with ``return_log_probs`` [token_id, index,
+  log_prob]), ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
   classifier's probabilities; a traced one's ``[index, enqueued, batch start, batch end]``),
   ``done`` (None: a load, unload or settings change succeeded), and, with id 0, ``model``
@@ -217,6 +218,8 @@ def options_from(payload: Any) -> DecodingOptions:
 def event_item(request_id: int, event: Event) -> list[Any]:
     """One ``[id, kind, payload]`` item of an ``events`` message."""
     if isinstance(event, TokenEvent):
+        if event.log_prob is not None:
+            return [request_id, "token", [event.token_id, event.index, event.log_prob]]
         return [request_id, "token", [event.token_id, event.index]]
     if isinstance(event, FinishEvent):
         # its fields as they are (dataclasses.asdict deep-copies: a sixth of the engine
@@ -265,8 +268,10 @@ def event_from(kind: str, payload: Any) -> Event:
     """
     try:
         if kind == "token":
-            token, index = payload
-            return TokenEvent(int(token), int(index))
+            token, index, *log_prob = payload
+            if len(log_prob) > 1:
+                raise ValueError("a token is [id, index] or [id, index, log_prob]")
+            return TokenEvent(int(token), int(index), *(float(p) for p in log_prob))
         if kind == "finish":
             finish = FinishEvent(**payload)
             finish.alternatives = [(list(ids), float(score)) for ids, score in finish.alternatives]

@@ -68,6 +68,7 @@ class StreamDelta:
     delta: str
     token_ids: list[int]
     index: int
+    log_probs: list[float] | None = None  # one per token id (``return_log_probs``)
 
 
 def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache | None:
@@ -353,7 +354,10 @@ class ServedGenerator(ServedEntry):
                 if first_token is None:
                     first_token = time.monotonic() - request.arrival
                 ids = [e.token_id for e in tokens]
-                yield StreamDelta(text.add(ids), ids, tokens[0].index)
+                log_probs = None
+                if request.options.return_log_probs:
+                    log_probs = [e.log_prob or 0.0 for e in tokens]
+                yield StreamDelta(text.add(ids), ids, tokens[0].index, log_probs)
             final = chunk[-1]
             if isinstance(final, ErrorEvent):
                 raise final.error

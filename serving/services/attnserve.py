@@ -78,11 +78,6 @@ def _stream_options(options: pb.DecodingOptions) -> DecodingOptions:
     parsed = decoding_options(options)
     if parsed.beam_size > 1:
         raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
-    if parsed.return_log_probs:
-        raise InvalidArgument(
-            "return_log_probs comes with the unary calls (Translate, Caption): leave it off on "
-            "a stream, or use the unary call for the tokens' log-probabilities"
-        )
     return parsed
 
 
@@ -212,9 +207,15 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     @staticmethod
     def _stream_message(cls: Any, model: ServedGenerator, item: StreamDelta | Generated) -> Any:
         if isinstance(item, StreamDelta):
-            return cls(delta=item.delta, token_ids=item.token_ids, index=item.index)
+            return cls(
+                delta=item.delta,
+                token_ids=item.token_ids,
+                index=item.index,
+                token_log_probs=item.log_probs or (),
+            )
         return cls(
             finish_reason=FINISH[item.finish_reason],
+            score=item.score or 0.0,
             usage=pb.Usage(input_tokens=item.input_tokens, output_tokens=len(item.token_ids)),
             timing=_timing(item),
             model=model.name,

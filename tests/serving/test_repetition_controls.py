@@ -35,6 +35,7 @@ from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, hf_generated, marian_tex
 from tests.serving.frontends import two_frontends  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
+from tests.serving.test_token_log_probs import stream_log_probs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
 
@@ -260,7 +261,7 @@ def test_two_frontend_processes_carry_the_controls(
     expected = generate(marian, texts, num_beams=1, **CONTROLS[4])
     options = {**CONTROLS[4], "return_log_probs": True}
     one_process = hf_client.translate(texts, to="de", model="marian", **options)
-    with two_frontends(hf_repository, models=("marian",), connections=3) as (_server, stubs):
+    with two_frontends(hf_repository, models=("marian",), connections=3) as (server, stubs):
         for stub in stubs:
             text = ("text", "BYTES", [t.encode() for t in texts])
             outputs = decode_outputs(stub.ModelInfer(infer_request("marian", text, **options)))
@@ -270,3 +271,9 @@ def test_two_frontend_processes_carry_the_controls(
                 outputs["token_log_probs"], outputs["token_ids"], one_process, strict=True
             ):
                 np.testing.assert_allclose(log_probs[ids != -1], result.token_log_probs, atol=1e-6)
+        # a stream's tokens and their log-probabilities cross from the engine process too
+        for text, result in zip(texts, one_process, strict=True):
+            ids, streamed, score = stream_log_probs(server.address, text, **CONTROLS[4])
+            assert ids == result.token_ids
+            np.testing.assert_allclose(streamed, result.token_log_probs, atol=1e-6)
+            assert score == pytest.approx(result.score, abs=1e-5)

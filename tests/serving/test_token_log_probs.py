@@ -23,6 +23,8 @@ import grpc  # noqa: E402
 
 from serving.client import AttnServeClient, ClientError  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
 from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
@@ -121,24 +123,43 @@ def test_a_forced_eos_scores_zero(hf_client: AttnServeClient, marian: dict[str, 
     assert longest.score == pytest.approx(sum(longest.token_log_probs), abs=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        ("beam", "return_log_probs comes with greedy decoding and sampling"),
-        ("stream", "return_log_probs comes with the unary calls"),
-    ],
-)
-def test_beams_and_streams_refuse_the_option(
-    hf_client: AttnServeClient, call: str, message: str
-) -> None:
+def test_beam_search_refuses_the_option(hf_client: AttnServeClient) -> None:
     with pytest.raises(ClientError, match="INVALID_ARGUMENT") as caught:
-        if call == "beam":
-            hf_client.translate(
-                ["one"], to="de", model="marian", beam_size=2, return_log_probs=True
-            )
-        else:
-            list(hf_client.translate_stream("one", to="de", model="marian", return_log_probs=True))
-    assert message in str(caught.value)
+        hf_client.translate(["one"], to="de", model="marian", beam_size=2, return_log_probs=True)
+    assert "return_log_probs comes with greedy decoding and sampling" in str(caught.value)
+
+
+def stream_log_probs(address: str, text: str, **options: Any) -> tuple[list, list, float]:
+    """A TranslateStream's token ids, their log-probabilities and its last message's score."""
+    with grpc.insecure_channel(address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        request = pb.TranslateStreamRequest(
+            text=text,
+            target_language="de",
+            model="marian",
+            options=pb.DecodingOptions(return_log_probs=True, **options),
+        )
+        messages = list(stub.TranslateStream(request, timeout=30))
+    ids = [t for m in messages for t in m.token_ids]
+    log_probs = [p for m in messages for p in m.token_log_probs]
+    assert all(len(m.token_log_probs) == len(m.token_ids) for m in messages)
+    return ids, log_probs, messages[-1].score
+
+
+@pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "seed": 4}], ids=["greedy", "seed"])
+def test_stream_messages_carry_the_log_probs(
+    hf_server: ServerThread, hf_client: AttnServeClient, marian: dict, options: dict
+) -> None:
+    """Each message's token_log_probs are its tokens' (the unary call's values), the last
+    message holds the score."""
+    for text in marian["texts"][:4]:
+        (unary,) = hf_client.translate(
+            [text], to="de", model="marian", return_log_probs=True, **options
+        )
+        ids, log_probs, score = stream_log_probs(hf_server.address, text, **options)
+        assert ids == unary.token_ids
+        np.testing.assert_allclose(log_probs, unary.token_log_probs, atol=1e-6)
+        assert score == pytest.approx(unary.score, abs=1e-5) and score < 0
 
 
 def test_kserve_returns_the_log_probs_as_an_output(
@@ -191,4 +212,4 @@ def test_the_cli_prints_the_score_and_log_probs(
     numbers = [float(v) for v in values.split("\t")]
     assert numbers == pytest.approx([result.score, *result.token_log_probs], abs=1e-4)
     assert attnserve_cli.main([*args, "--log-probs", "--stream"]) == 2
-    assert "return_log_probs comes with the unary calls" in capsys.readouterr().err
+    assert "leave out --stream" in capsys.readouterr().err

@@ -152,7 +152,7 @@ class TranslateStreamRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version")
+    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,8 @@ class TranslateStreamResponse(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     index: int
@@ -169,7 +171,9 @@ class TranslateStreamResponse(_message.Message):
     timing: Timing
     model: str
     model_version: str
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    token_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    score: float
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class CaptionRequest(_message.Message):
     __slots__ = ("image", "model", "options", "model_version", "priority")
@@ -210,7 +214,7 @@ class CaptionResponse(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class CaptionStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version")
+    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +223,8 @@ class CaptionStreamResponse(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     index: int
@@ -227,7 +233,9 @@ class CaptionStreamResponse(_message.Message):
     timing: Timing
     model: str
     model_version: str
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    token_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    score: float
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
     __slots__ = ("image", "top_k", "model", "model_version", "priority")
