@@ -254,8 +254,8 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         command.add_argument(
             "--repetition-penalty",
             type=float,
-            help="scores of tokens already in the output divided (or, below 0, multiplied) by "
-            "this; 1 = off, above 1 discourages repeats",
+            help="the score of a token already in the output is divided by this (multiplied "
+            "where negative); 1 = off, above 1 discourages repeats",
         )
         command.add_argument(
             "--no-repeat-ngram-size",
