@@ -461,7 +461,9 @@ class InFlightEngine:
             if token < 0:  # sampling, or a greedy row its sampler must decide
                 assert seq.sampler is not None
                 count = int(done[index])
-                history = state.tokens[seq.slot, :count]  # for repetition controls
+                history = None  # the tokens so far, for repetition controls only
+                if seq.sampler.repetition is not None:
+                    history = state.tokens[seq.slot, :count]
                 token = seq.sampler.choose(logits[first], count, history)
                 if seq.sampler.log_probs:
                     state.log_probs[seq.slot, count] = seq.sampler.last_log_prob

@@ -265,17 +265,13 @@ class RowSampler:
     def _scored(self, x: np.ndarray) -> int:
         """``choose``'s token of the prepared row ``x`` (overwritten), its log-probability in
         ``last_log_prob``."""
-        top = float(x.max())
-        with np.errstate(under="ignore"):
-            normaliser = top + float(np.log(np.exp(x - top).sum()))
-        if self.options.temperature == 0:
-            token = int(np.argmax(x))
-            self.last_log_prob = float(x[token]) - normaliser
-            return token
-        values = x.copy()  # the draw scales ``x`` in place
+        log_probs = log_softmax(x)  # a new array: the draw scales ``x`` in place
         options = self.options
-        token = sample_float_row(x, options.temperature, options.top_k, options.top_p, self.rng)
-        self.last_log_prob = float(values[token]) - normaliser
+        if options.temperature == 0:
+            token = int(np.argmax(x))
+        else:
+            token = sample_float_row(x, options.temperature, options.top_k, options.top_p, self.rng)
+        self.last_log_prob = float(log_probs[token])
         return token
 
     def _greedy(self, logits_row: np.ndarray, generated: int) -> int | None:

@@ -33,9 +33,9 @@ from serving.kserve.tensors import decode_outputs  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
 from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, hf_generated, marian_texts  # noqa: E402
 from tests.serving.frontends import two_frontends  # noqa: E402
+from tests.serving.hf_streams import stream_log_probs  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
-from tests.serving.test_token_log_probs import stream_log_probs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("offline_hub")
 

@@ -23,10 +23,9 @@ import grpc  # noqa: E402
 
 from serving.client import AttnServeClient, ClientError  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
-from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
-from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
 from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E402
+from tests.serving.hf_streams import stream_log_probs  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
@@ -127,23 +126,6 @@ def test_beam_search_refuses_the_option(hf_client: AttnServeClient) -> None:
     with pytest.raises(ClientError, match="INVALID_ARGUMENT") as caught:
         hf_client.translate(["one"], to="de", model="marian", beam_size=2, return_log_probs=True)
     assert "return_log_probs comes with greedy decoding and sampling" in str(caught.value)
-
-
-def stream_log_probs(address: str, text: str, **options: Any) -> tuple[list, list, float]:
-    """A TranslateStream's token ids, their log-probabilities and its last message's score."""
-    with grpc.insecure_channel(address) as channel:
-        stub = pb_grpc.AttnServeStub(channel)
-        request = pb.TranslateStreamRequest(
-            text=text,
-            target_language="de",
-            model="marian",
-            options=pb.DecodingOptions(return_log_probs=True, **options),
-        )
-        messages = list(stub.TranslateStream(request, timeout=30))
-    ids = [t for m in messages for t in m.token_ids]
-    log_probs = [p for m in messages for p in m.token_log_probs]
-    assert all(len(m.token_log_probs) == len(m.token_ids) for m in messages)
-    return ids, log_probs, messages[-1].score
 
 
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "seed": 4}], ids=["greedy", "seed"])
