@@ -48,6 +48,10 @@ class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]:
         """Model input ids of a source text, ending as the model's sources end (EOS)."""
 
+    def encode_target(self, text: str) -> list[int]:
+        """Ids of an output text as the decoder generates them: the target side's
+        tokenization, no special tokens added (a target prefix)."""
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of generated ids."""
 
@@ -150,6 +154,12 @@ class SentencePiecePair:
             ids.extend(self.vocab.get(piece, self.unk_id) for piece in pieces)
         return [*ids, self.eos_id]
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target ids of ``text`` without EOS: the target SentencePiece model's pieces mapped
+        through vocab.json (``MarianTokenizer(text_target=text).input_ids`` without its EOS)."""
+        pieces = self.target.encode(text, out_type=str)
+        return [self.vocab.get(piece, self.unk_id) for piece in pieces]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of target ids, joined by the target SentencePiece model.
 
@@ -221,6 +231,10 @@ class HuggingFaceTokenizer:
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` with the tokenizer's own special tokens (its post-processor)."""
         return list(self._tokenizer.encode(text, add_special_tokens=True).ids)
+
+    def encode_target(self, text: str) -> list[int]:
+        """Ids of ``text`` without the post-processor's special tokens."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids`` (transformers' tokenizers-backend decode).

@@ -168,6 +168,10 @@ class SubwordTokenizer:
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         return [*ids, EOS_ID] if add_eos else list(ids)
 
+    def encode_target(self, text: str) -> list[int]:
+        """Ids of an output text as the decoder generates them (no ``</s>``)."""
+        return self.encode(text, add_eos=False)
+
     def encode_batch(self, texts: Sequence[str], add_eos: bool = True) -> list[list[int]]:
         """Encode several texts (in parallel inside ``tokenizers``).
 

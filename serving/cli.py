@@ -245,6 +245,12 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         command.add_argument("--top-k", type=int, default=5)
     else:
         command.add_argument("--stream", action="store_true", help="print tokens as they come")
+        command.add_argument(
+            "--prefix",
+            default="",
+            help="the text each output starts with; decoding goes on from there (a target "
+            "prefix; end it at a word boundary)",
+        )
         command.add_argument("--max-new-tokens", type=int)
         command.add_argument("--beam-size", type=int)
         command.add_argument("--temperature", type=float)
@@ -406,6 +412,7 @@ def run_client(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
+            routing["prefix"] = args.prefix
             if args.command == "translate":
                 if args.stream:
                     for text in args.text:

@@ -149,18 +149,23 @@ class AttnServeClient:
         timeout: float | None = None,
         priority: int = 0,
         model_version: str = "",
+        prefix: str | list[str] = "",
         **options: Any,
     ) -> list[TextResult]:
         """Translate one or more English texts into language ``to`` (de, fr, es); ``priority``:
         1 is the highest on a model with priority levels, 0 its default; ``model_version``: a
-        served version (empty: the newest)."""
+        served version (empty: the newest); ``prefix``: the text every translation starts with,
+        or a list of one per text ("" for none)."""
+        texts = [texts] if isinstance(texts, str) else texts
+        prefixes = prefix if isinstance(prefix, list) else [prefix] * len(texts) if prefix else []
         request = pb.TranslateRequest(
-            texts=[texts] if isinstance(texts, str) else texts,
+            texts=texts,
             target_language=to,
             model=model,
             options=decoding_options(**options),
             priority=priority,
             model_version=model_version,
+            target_prefixes=prefixes,
         )
         response = self._call(self.stub.Translate, request, timeout)
         return [
@@ -183,9 +188,11 @@ class AttnServeClient:
         timeout: float | None = None,
         priority: int = 0,
         model_version: str = "",
+        prefix: str = "",
         **options: Any,
     ) -> Iterator[str]:
-        """Text deltas of one translation as the server produces them."""
+        """Text deltas of one translation as the server produces them (the ``prefix``'s
+        first)."""
         request = pb.TranslateStreamRequest(
             text=text,
             target_language=to,
@@ -193,6 +200,7 @@ class AttnServeClient:
             options=decoding_options(**options),
             priority=priority,
             model_version=model_version,
+            target_prefix=prefix,
         )
         for message in self._stream(self.stub.TranslateStream, request, timeout):
             if message.delta:
@@ -205,10 +213,11 @@ class AttnServeClient:
         timeout: float | None = None,
         priority: int = 0,
         model_version: str = "",
+        prefix: str = "",
         **options: Any,
     ) -> TextResult:
-        """Caption a PNG / JPEG image."""
-        request = _caption_request(image, model, priority, options, model_version)
+        """Caption a PNG / JPEG image (starting with ``prefix``)."""
+        request = _caption_request(image, model, priority, options, model_version, prefix)
         r = self._call(self.stub.Caption, request, timeout)
         return TextResult(
             r.text,
@@ -226,10 +235,11 @@ class AttnServeClient:
         timeout: float | None = None,
         priority: int = 0,
         model_version: str = "",
+        prefix: str = "",
         **options: Any,
     ) -> Iterator[str]:
-        """Text deltas of a caption as the server produces them."""
-        request = _caption_request(image, model, priority, options, model_version)
+        """Text deltas of a caption as the server produces them (the ``prefix``'s first)."""
+        request = _caption_request(image, model, priority, options, model_version, prefix)
         for message in self._stream(self.stub.CaptionStream, request, timeout):
             if message.delta:
                 yield message.delta
@@ -298,7 +308,12 @@ class AttnServeClient:
 
 
 def _caption_request(
-    image: bytes, model: str, priority: int, options: dict[str, Any], model_version: str
+    image: bytes,
+    model: str,
+    priority: int,
+    options: dict[str, Any],
+    model_version: str,
+    prefix: str,
 ) -> pb.CaptionRequest:
     return pb.CaptionRequest(
         image=image,
@@ -306,4 +321,5 @@ def _caption_request(
         options=decoding_options(**options),
         priority=priority,
         model_version=model_version,
+        prefix=prefix,
     )

@@ -376,7 +376,7 @@ class InFlightEngine:
         slots = self._state.take(
             [len(seq.rows) for seq in joined],
             self.spec.decoder_start_id,
-            [seq.options.min_new_tokens for seq in joined],
+            [seq.min_new for seq in joined],
             [seq.forced_eos_at for seq in joined],
             [seq.limit for seq in joined],
             [-1 if r.token_route is None else r.token_route[1] for r in joiners],
@@ -454,7 +454,7 @@ class InFlightEngine:
             if seq.beam is not None:
                 if self._advance_beam(seq, logits[first : first + counts[index]], now):
                     finished.append(index)
-                else:  # new beam i continues old beam parents[i]
+                elif seq.beam.generated:  # new beam i continues old beam parents[i]
                     moves.append((seq.rows, seq.rows[seq.parents]))
                 continue
             token = greedy.get(index, -1)
@@ -467,6 +467,9 @@ class InFlightEngine:
                 token = seq.sampler.choose(logits[first], count, history)
                 if seq.sampler.log_probs:
                     state.log_probs[seq.slot, count] = seq.sampler.last_log_prob
+                if count + 1 == seq.forced and seq.greedy_after:  # past its target prefix
+                    seq.greedy = True
+                    self._layout.make_greedy(index)
             if self._advance(seq, token, now):
                 finished.append(index)
         if moves:  # every request's beams in one copy (rows of requests never overlap)
@@ -704,6 +707,10 @@ class InFlightEngine:
         state = self._state
         generated = int(state.generated[seq.slot]) + 1
         state.generated[seq.slots] = generated
+        if generated <= seq.forced:  # the target prefix: every beam is fed its next token
+            state.next_id[seq.slots] = seq.request.prefix[generated - 1]
+            self.meters.count_token(seq, now)
+            return False  # the prefix leaves room for a token: the search ends after it
         parents, tokens = seq.beam.step(logits)
         seq.parents = np.asarray(parents, dtype=np.int64)
         state.next_id[seq.slots] = np.asarray(tokens, dtype=np.int64)

@@ -69,6 +69,7 @@ class GenerationRequest:
         deadline: float | None = None,
         arrival: float | None = None,
         priority: int = 0,
+        prefix: tuple[int, ...] = (),
     ) -> None:
         if (source_ids is None) == (pixels is None):
             raise ValueError("give exactly one of source_ids (text) or pixels (image)")
@@ -79,6 +80,9 @@ class GenerationRequest:
         self.deadline = deadline
         self.arrival = time.monotonic() if arrival is None else arrival
         self.priority = priority  # queue level: lower joins first (0: priorities off)
+        # the target prefix: the output's first tokens, fed to the decoder one a step, then
+        # ``options.max_new_tokens`` tokens chosen after them
+        self.prefix = prefix
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: EventChannel | None = None

@@ -28,14 +28,18 @@ class ActiveSequence:
     def __init__(self, request: GenerationRequest, spec: DecoderSpec, max_new: int, now: float):
         self.request = request
         self.options = request.options
-        self.max_new = max_new
-        self.limit = min(max_new, spec.max_positions - 1)  # the position table bounds it too
+        self.max_new = max_new  # tokens to choose after the target prefix
+        self.forced = len(request.prefix)  # the prefix's tokens: fed one a step, not chosen
+        # the position table bounds the prefix and the chosen tokens together
+        self.limit = min(self.forced + max_new, spec.max_positions - 1)
+        self.min_new = self.forced + self.options.min_new_tokens  # EOS not chosen before
         self.admitted = now
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
         # greedy (temperature 0, not beams, no repetition controls or log-probs): chosen with
-        # the step's other greedy rows in one pass
+        # the step's other greedy rows in one pass (once past its prefix: ``greedy_after``)
         self.greedy = False
+        self.greedy_after = False
         self.forced_eos_at = -1
         repetition = RepetitionRules.of(self.options, spec.decoder_start_id)
         if self.options.beam_size > 1:
@@ -49,6 +53,7 @@ class ActiveSequence:
                 suppress_ids=spec.suppress_ids,
                 forced_eos=spec.forced_eos,
                 repetition=repetition,
+                prefix=request.prefix,
             )
         else:
             last = self.limit - 1  # the sequence's last position
@@ -58,9 +63,11 @@ class ActiveSequence:
                 suppress_ids=spec.suppress_ids,
                 forced_eos_at=last if spec.forced_eos else None,
                 repetition=repetition,
+                prefix=request.prefix,
             )
             plain = repetition is None and not self.options.return_log_probs
-            self.greedy = self.options.temperature == 0 and plain
+            self.greedy_after = self.options.temperature == 0 and plain
+            self.greedy = self.greedy_after and not self.forced
             self.forced_eos_at = last if spec.forced_eos else -1
         self.rows = np.zeros(0, dtype=np.int64)  # its rows of the cache, set on admission
         # its slots of the engine's RowState (a row each), set on admission; ``slot`` the first
@@ -155,6 +162,12 @@ class StepLayout:
         self._per_row = self._per_row[:, rows_kept]
         self._per_sequence = self._per_sequence[:, kept]
         self.fresh = int(np.count_nonzero(kept[: self.fresh]))
+        self._stale = True
+
+    def make_greedy(self, index: int) -> None:
+        """The sequence at ``index`` (in ``sequences``) is greedy from now on (its target prefix
+        has been fed)."""
+        self._per_sequence[COLUMNS - 1, index] = 1
         self._stale = True
 
     def current(self) -> StepLayout:

@@ -33,7 +33,13 @@ Semantics follow Hugging Face ``transformers`` (v5 ``_beam_search``):
   as in HF's beam search, to each beam's log-softmax over the whole vocabulary, before the token
   rules above and the renormalisation (``serving.generation.repetition``).
 
-First step: the request starts from the decoder start token, so all its beams are identical.
+- a target prefix (``prefix``): every beam starts with its tokens, which the engine feeds to the
+  decoder before the search's first step (HF's ``decoder_input_ids`` after the start token). They
+  are the hypotheses' first tokens and count in the repetition controls' history, not in the
+  scores or lengths, nor in ``max_new_tokens`` / ``min_new_tokens`` (HF's ``decoder_prompt_len``).
+
+First step: the request starts from the decoder start token (and the prefix), so all its beams
+are identical.
 ``step`` accepts logits of shape (1, V) or (beam_size, V) on the first call and uses row 0 only
 (every returned parent row is 0); afterwards it expects (beam_size, V).
 """
@@ -57,7 +63,8 @@ class Hypothesis:
     """A candidate output of beam search.
 
     Attributes:
-        tokens: the generated ids, without the start token and without EOS.
+        tokens: the generated ids (the target prefix first), without the start token and
+            without EOS.
         score: cumulative log-probability / length ** length_penalty (length includes EOS).
         finished: True when it ended with EOS; False when cut at max_new_tokens (or still live).
     """
@@ -84,6 +91,7 @@ class BeamSearch:
         suppress_ids: tokens never chosen.
         forced_eos: the last step (``max_new_tokens``) chooses EOS.
         repetition: repetition controls over each beam's tokens (None: none).
+        prefix: the tokens every hypothesis starts with (see the module docstring).
 
     Raises:
         ValueError: an argument outside its range.
@@ -102,6 +110,7 @@ class BeamSearch:
         suppress_ids: tuple[int, ...] = (),
         forced_eos: bool = False,
         repetition: RepetitionRules | None = None,
+        prefix: tuple[int, ...] = (),
     ) -> None:
         _check_arguments(
             beam_size, eos_id, max_new_tokens, min_new_tokens, length_penalty, num_alternatives
@@ -120,7 +129,9 @@ class BeamSearch:
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos = bool(forced_eos)
         self.repetition = repetition
-        self._sequences = np.zeros((1, 0), dtype=np.int64)  # live beams' tokens (rows, generated)
+        self.prefix = [int(token) for token in prefix]
+        # live beams' tokens (rows, prefix + generated)
+        self._sequences = np.asarray([self.prefix], dtype=np.int64).reshape(1, len(self.prefix))
         self._scores = np.zeros(1, dtype=np.float64)  # live beams' cumulative log-probs
         self._finished: list[Hypothesis] = []  # best first, at most beam_size
         self._generated = 0
@@ -186,7 +197,7 @@ class BeamSearch:
             pool.extend(self._live_hypotheses())
             pool.sort(key=lambda hyp: -hyp.score)
         if not pool:
-            return [Hypothesis(tokens=[], score=float("-inf"), finished=False)]
+            return [Hypothesis(tokens=list(self.prefix), score=float("-inf"), finished=False)]
         return pool[: 1 + self.num_alternatives]
 
     # --- one step -------------------------------------------------------------------------------
@@ -233,8 +244,8 @@ class BeamSearch:
             ends = tokens[rank] == self.eos_id
             if not (ends or last):
                 continue
-            prefix = self._sequences[rows[rank]].tolist()
-            hyp_tokens = prefix if ends else [*prefix, int(tokens[rank])]
+            before = self._sequences[rows[rank]].tolist()
+            hyp_tokens = before if ends else [*before, int(tokens[rank])]
             self._add(Hypothesis(hyp_tokens, float(scores[rank]) / denominator, bool(ends)))
 
     def _add(self, hypothesis: Hypothesis) -> None:

@@ -60,14 +60,17 @@ class DecodingOptions:
         """True when tokens are drawn at random (temperature above 0)."""
         return self.temperature > 0
 
-    def validate(self, max_new_tokens_limit: int) -> DecodingOptions:
+    def validate(self, max_new_tokens_limit: int, prefix_tokens: int = 0) -> DecodingOptions:
         """Check every field and resolve ``max_new_tokens`` against the model's limit.
 
         Args:
             max_new_tokens_limit: the most new tokens this model can produce (at least 1).
+            prefix_tokens: the tokens of the request's target prefix, which count toward that
+                limit (below it: the caller checks that first).
 
         Returns:
-            A copy with ``max_new_tokens`` set (the limit when it was None).
+            A copy with ``max_new_tokens`` set (the limit less the prefix when it was None):
+            the tokens to generate after the prefix.
 
         Raises:
             InvalidArgument: a field is of the wrong type, not finite, or outside its range; the
@@ -77,7 +80,11 @@ class DecodingOptions:
         """
         if max_new_tokens_limit < 1:
             raise ValueError(f"max_new_tokens_limit must be at least 1, got {max_new_tokens_limit}")
-        max_new = self._check_max_new_tokens(max_new_tokens_limit)
+        if not 0 <= prefix_tokens < max_new_tokens_limit:
+            raise ValueError(
+                f"prefix_tokens {prefix_tokens} leaves no room below {max_new_tokens_limit}"
+            )
+        max_new = self._check_max_new_tokens(max_new_tokens_limit, prefix_tokens)
         _check_int("min_new_tokens", self.min_new_tokens, 0, None)
         if self.min_new_tokens > max_new:
             raise InvalidArgument(
@@ -102,14 +109,16 @@ class DecodingOptions:
             )
         return replace(self, max_new_tokens=max_new)
 
-    def _check_max_new_tokens(self, limit: int) -> int:
+    def _check_max_new_tokens(self, limit: int, prefix_tokens: int) -> int:
+        room = limit - prefix_tokens
         if self.max_new_tokens is None:
-            return limit
+            return room
         _check_int("max_new_tokens", self.max_new_tokens, 1, None)
-        if self.max_new_tokens > limit:
+        if self.max_new_tokens > room:
+            prefix = f" less the target prefix's {prefix_tokens} tokens" if prefix_tokens else ""
             raise InvalidArgument(
-                f"max_new_tokens {self.max_new_tokens} exceeds this model's limit of {limit}: "
-                f"ask for 1..{limit} (or leave it unset for the limit)"
+                f"max_new_tokens {self.max_new_tokens} exceeds this model's limit of {limit}"
+                f"{prefix}: ask for 1..{room} (or leave it unset for the limit)"
             )
         return int(self.max_new_tokens)
 

@@ -13,6 +13,8 @@ as impossible tokens (-inf) and +inf logits as the largest finite value.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from serving.generation.options import DecodingOptions
@@ -172,6 +174,8 @@ class RowSampler:
             ``forced_eos_token_id``: the sequence's last position); None = never forced.
         repetition: the request's repetition controls (applied first, to the raw logits);
             ``choose`` then needs the tokens generated so far.
+        prefix: the target prefix: ``choose`` returns its tokens first, whatever the logits
+            (each with log-probability 0, as a forced EOS); ``min_new_tokens`` counts after it.
 
     Raises:
         ValueError: a negative ``eos_id`` or sampling options outside their ranges.
@@ -186,6 +190,7 @@ class RowSampler:
         suppress_ids: tuple[int, ...] = (),
         forced_eos_at: int | None = None,
         repetition: RepetitionRules | None = None,
+        prefix: Sequence[int] = (),
     ) -> None:
         _check_sampling_options(options.temperature, options.top_k, options.top_p)
         if eos_id < 0:
@@ -195,6 +200,8 @@ class RowSampler:
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos_at = forced_eos_at
         self.repetition = repetition
+        self.prefix = tuple(int(token) for token in prefix)
+        self.min_new = len(self.prefix) + options.min_new_tokens  # EOS suppressed below it
         # ``options.return_log_probs``: ``choose`` keeps the chosen token's log-probability
         self.log_probs = bool(options.return_log_probs)
         self.last_log_prob = 0.0
@@ -219,7 +226,8 @@ class RowSampler:
             history: those tokens (int64, without the start token); needed with ``repetition``.
 
         Returns:
-            The token id. Greedy (temperature 0) takes the argmax, lowest id on ties; sampling
+            The token id: the prefix's next one while it lasts (log-probability 0). Greedy
+            (temperature 0) takes the argmax, lowest id on ties; sampling
             draws one uniform number from the sequence's generator. Suppressed tokens are never
             chosen; at ``forced_eos_at`` EOS is. When no token is possible (every logit -inf or
             NaN, or only EOS while it is suppressed) ``eos_id`` is returned so that the sequence
@@ -231,6 +239,9 @@ class RowSampler:
         Raises:
             ValueError: ``logits_row`` is not 1-D or ``eos_id`` is not a valid index into it.
         """
+        if generated < len(self.prefix):
+            self.last_log_prob = 0.0
+            return self.prefix[generated]
         if generated == self.forced_eos_at:
             self.last_log_prob = 0.0
             return self.eos_id
@@ -249,7 +260,7 @@ class RowSampler:
             if history is None or len(history) != generated:
                 raise ValueError(f"repetition rules need the {generated} tokens generated so far")
             self.repetition.apply(x, history)
-        if generated < self.options.min_new_tokens:
+        if generated < self.min_new:
             x[self.eos_id] = -np.inf
         x[self.suppress[self.suppress < x.size]] = -np.inf
         if not np.isfinite(x).any():
@@ -285,7 +296,7 @@ class RowSampler:
             return None
         token = int(np.argmax(logits_row))
         best = logits_row[token]
-        if np.isnan(best) or (token == self.eos_id and generated < self.options.min_new_tokens):
+        if np.isnan(best) or (token == self.eos_id and generated < self.min_new):
             return None
         if self.suppress.size and token in self.suppress:
             return None

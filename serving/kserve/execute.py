@@ -10,7 +10,15 @@ import numpy as np
 
 from serving.engine.requests import GenerationRequest
 from serving.kserve.parameters import decoding_options
-from serving.kserve.request import Call, Wanted, each, element_pixels, target_languages, utf8
+from serving.kserve.request import (
+    Call,
+    Wanted,
+    each,
+    element_pixels,
+    prefixes,
+    target_languages,
+    utf8,
+)
 from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
 from serving.kserve.tensors import BYTES, output_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
@@ -29,6 +37,7 @@ def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationReques
     """One validated generation request per element (nothing is queued yet)."""
     options = decoding_options(call.request.parameters)
     model.options(options)  # once, so an option error does not name an element
+    starts = prefixes(call)
     if model.config.task == "translation":
         texts = utf8(call.inputs["text"])
         languages = target_languages(call, model.config.languages)
@@ -39,13 +48,20 @@ def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationReques
                 source_ids=model.source_ids(texts[i], languages[i]),
                 timeout_s=call.timeout_s,
                 priority=call.priority,
+                prefix=model.prefix_ids(starts[i]),
             ),
         )
     pixels = element_pixels(call)
-    return [
-        model.request(options, pixels=p, timeout_s=call.timeout_s, priority=call.priority)
-        for p in pixels
-    ]
+    return each(
+        call,
+        lambda i: model.request(
+            options,
+            pixels=pixels[i],
+            timeout_s=call.timeout_s,
+            priority=call.priority,
+            prefix=model.prefix_ids(starts[i]),
+        ),
+    )
 
 
 async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], None]) -> list[T]:

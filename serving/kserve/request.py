@@ -20,7 +20,14 @@ from serving.kserve.parameters import (
     string_parameter,
 )
 from serving.kserve.shared_memory import SharedMemoryRegions, Slice, shared_inputs, tensor_slice
-from serving.kserve.signature import ONE_PER_ITEM, Signature, TensorSpec, max_batch, signature
+from serving.kserve.signature import (
+    ONE_PER_ITEM,
+    PREFIX_INPUT,
+    Signature,
+    TensorSpec,
+    max_batch,
+    signature,
+)
 from serving.kserve.tensors import BYTES, Tensor, decode_inputs, format_shape
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import ServedModel
@@ -226,6 +233,13 @@ def target_languages(call: Call, languages: tuple[str, ...]) -> list[str]:
             f"input 'target_language' (BYTES [N] or [1]); choose one of: {', '.join(languages)}"
         )
     return [""] * call.batch
+
+
+def prefixes(call: Call) -> list[str]:
+    """The target prefix of every element ("" for none): the generator's optional prefix input
+    (``PREFIX_INPUT``), one string per element."""
+    tensor = call.inputs.get(PREFIX_INPUT[call.model.config.task])
+    return [""] * call.batch if tensor is None else utf8(tensor)
 
 
 def element_pixels(call: Call) -> list[np.ndarray]:

@@ -19,6 +19,8 @@ from serving.kserve.tensors import BYTES, format_shape
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 
 ONE_PER_ITEM = (1,)  # Triton's dims of a one-element-per-batch-item input (a string)
+# a generator's optional text input its outputs start with (the attnserve API's field names)
+PREFIX_INPUT = {"translation": "target_prefix", "captioning": "prefix"}
 
 
 @dataclass(frozen=True)
@@ -144,13 +146,15 @@ def signature(config: ModelConfig) -> Signature:
             inputs=(
                 TensorSpec("text", BYTES, ONE_PER_ITEM),
                 TensorSpec("target_language", BYTES, ONE_PER_ITEM, optional=True),
+                TensorSpec(PREFIX_INPUT["translation"], BYTES, ONE_PER_ITEM, optional=True),
             ),
             outputs=(TensorSpec("translation", BYTES), token_ids),
         )
     size = config.image.size if config.image is not None else -1
     decoded, encoded = _image_forms(size, optional=False)
+    prefix = TensorSpec(PREFIX_INPUT["captioning"], BYTES, ONE_PER_ITEM, optional=True)
     return Signature(
-        inputs=(decoded,),
+        inputs=(decoded, prefix),
         outputs=(TensorSpec("caption", BYTES), token_ids),
         alternatives=(encoded,),
     )

@@ -49,6 +49,7 @@ from serving.multiprocess.protocol import (
     event_item,
     events_message,
     options_from,
+    prefix_from,
 )
 from serving.multiprocess.shm import ArenaError, ArenaReader, receive_hello
 from serving.repository import ModelRepository
@@ -270,6 +271,7 @@ class EngineServer:
                 deadline=header["deadline"],
                 arrival=header["arrival"],
                 priority=header["priority"],
+                prefix=prefix_from(header.get("prefix", ())),
             )
             request.token_route = (self._sinks[key[0]], key[1])
             engine.submit(request, functools.partial(self._forward, key))

@@ -13,7 +13,8 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``generate``: ``{"t": "generate", "id", "model", "version", "options": {...}, "deadline",
   "arrival", "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array
   frame (``priority``: the request's queue level, resolved by the frontend; ``version``: the
-  served version the request is for, absent: the newest served);
+  served version the request is for, absent: the newest served; ``"prefix"``: the target
+  prefix's token ids, absent: none);
 - ``classify``: ``{"t": "classify", "id", "model", "version", "timeout", "priority", "times"?,
   "arrays": [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher
   resolves; ``times``: a traced request's, whose ``result`` then carries its batch times);
@@ -213,6 +214,15 @@ def options_from(payload: Any) -> DecodingOptions:
         return DecodingOptions(**payload)
     except TypeError as err:
         raise ProtocolError(f"bad decoding options {payload!r}: {err}") from err
+
+
+def prefix_from(payload: Any) -> tuple[int, ...]:
+    """The target prefix of a ``generate`` header (a list of token ids)."""
+    if not isinstance(payload, list | tuple) or not all(
+        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in payload
+    ):
+        raise ProtocolError(f"bad target prefix {payload!r}: expected a list of token ids")
+    return tuple(payload)
 
 
 def event_item(request_id: int, event: Event) -> list[Any]:

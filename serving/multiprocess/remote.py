@@ -353,6 +353,7 @@ class RemoteEngine:
                 "arrival": request.arrival,
                 "priority": request.priority,
                 "input": "source_ids" if request.source_ids is not None else "pixels",
+                **({"prefix": list(request.prefix)} if request.prefix else {}),
             },
             [np.asarray(source)],
         )

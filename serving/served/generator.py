@@ -40,7 +40,7 @@ from serving.generation.options import DecodingOptions
 from serving.metrics import ServingMetrics
 from serving.seq2seq import Seq2SeqRunner
 from serving.served.entry import ServedEntry
-from serving.served.inputs import ImageSource, TextSource
+from serving.served.inputs import ImageSource, TargetPrefix, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +226,7 @@ class ServedGenerator(ServedEntry):
             if config.input == "text"
             else None
         )
+        self.prefixes = TargetPrefix(self.name, self.tokenizer, limits.max_new_tokens)
         self.images = (
             ImageSource(self.name, config.image, limits.max_image_bytes, self.float_dtype)
             if config.image is not None and config.input == "image"
@@ -276,15 +277,20 @@ class ServedGenerator(ServedEntry):
             raise InvalidArgument(f"model {self.name!r} takes text, not images")
         return self.images.pixels(data)
 
-    def options(self, options: DecodingOptions) -> DecodingOptions:
-        """Validate decoding options against this model's limits.
+    def prefix_ids(self, text: str) -> tuple[int, ...]:
+        """The token ids of a target prefix (``TargetPrefix.ids``); () for none."""
+        return self.prefixes.ids(text)
+
+    def options(self, options: DecodingOptions, prefix_tokens: int = 0) -> DecodingOptions:
+        """Validate decoding options against this model's limits (and the tokens of the
+        request's target prefix, which count toward ``limits.max_new_tokens``).
 
         Raises:
             InvalidArgument: a bad option.
             ResourceExhausted: more beams than the decode batch has rows (such a request could
                 never be admitted: it would wait until its deadline).
         """
-        checked = options.validate(self.config.limits.max_new_tokens)
+        checked = options.validate(self.config.limits.max_new_tokens, prefix_tokens)
         rows = self.engine.max_rows
         if checked.beam_size > rows:
             raise ResourceExhausted(
@@ -303,22 +309,24 @@ class ServedGenerator(ServedEntry):
         pixels: np.ndarray | None = None,
         timeout_s: float | None = None,
         priority: int = 0,
+        prefix: tuple[int, ...] = (),
     ) -> GenerationRequest:
-        """A generation request with its deadline (the model's default timeout when none) and
-        its queue level (``priority``: the client's, 1 highest, 0 = the model's default; see
-        ``batching.priority_levels``)."""
+        """A generation request with its deadline (the model's default timeout when none), its
+        queue level (``priority``: the client's, 1 highest, 0 = the model's default; see
+        ``batching.priority_levels``) and its target prefix (``prefix_ids``)."""
         now = time.monotonic()
         level = priority_level(priority, self.config.batching)
         # the level's default deadline; 0 = none (Triton)
         default = level_timeout_ms(level, self.config.batching) / 1000 or None
         timeout = timeout_s if timeout_s is not None else default
         return GenerationRequest(
-            options=self.options(options),
+            options=self.options(options, len(prefix)),
             source_ids=source_ids,
             pixels=pixels,
             deadline=None if timeout is None else now + timeout,
             arrival=now,
             priority=level,
+            prefix=prefix,
         )
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:

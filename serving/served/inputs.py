@@ -53,15 +53,7 @@ class TextSource:
         before tokenizing (megabytes of text would hold the event loop for seconds): no token
         covers more characters than the longest vocabulary entry, and NFC normalisation shortens
         a text at most about 3x (4x here, for margin)."""
-        longest = max(map(self._token_chars, range(self.tokenizer.vocab_size)), default=1)
-        return 4 * max(1, longest) * self.max_source_length
-
-    def _token_chars(self, token_id: int) -> int:
-        """Characters of a vocabulary entry; 0 for an id the vocabulary skips."""
-        try:
-            return len(self.tokenizer.id_to_token(token_id))
-        except TokenizerError:
-            return 0
+        return 4 * longest_token(self.tokenizer) * self.max_source_length
 
     def ids(self, text: str, language: str) -> np.ndarray:
         """Token ids of a source text: normalised, tagged, tokenized.
@@ -105,6 +97,70 @@ class TextSource:
             f"the text is {size} long; model {self.model!r} accepts at most "
             f"{self.max_source_length} source tokens: split it into shorter texts"
         )
+
+
+class TargetPrefix:
+    """Target prefixes of a generation model: the text its outputs must start with, tokenized as
+    the decoder writes it, bounded.
+
+    Args:
+        model: the model's name (for messages).
+        tokenizer: the model's tokenizer (``encode_target``).
+        max_new_tokens: the most tokens an output holds; a prefix leaves room for one more.
+    """
+
+    def __init__(self, model: str, tokenizer: TextTokenizer, max_new_tokens: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_tokens = max_new_tokens - 1
+
+    @functools.cached_property
+    def max_chars(self) -> int:
+        """Longer prefixes cannot fit ``max_tokens`` (as ``TextSource.max_chars``)."""
+        return 4 * longest_token(self.tokenizer) * max(1, self.max_tokens)
+
+    def ids(self, text: str) -> tuple[int, ...]:
+        """The ids of ``text`` (none for an empty one), as the decoder would generate them.
+
+        Raises:
+            InvalidArgument: the prefix holds a special token (EOS, padding, a piece outside the
+                vocabulary that becomes ``<unk>``): the output would not start with the text.
+            ResourceExhausted: more tokens than the model's outputs leave room for.
+        """
+        if not text:
+            return ()
+        if len(text) > self.max_chars:  # surely too long: refuse without tokenizing
+            raise self._too_long(f"{len(text)} characters")
+        ids = self.tokenizer.encode_target(text)
+        special = self.tokenizer.special_ids
+        if bad := [token for token in ids if token in special]:
+            pieces = ", ".join(repr(self.tokenizer.id_to_token(t)) for t in bad[:3])
+            raise InvalidArgument(
+                f"the target prefix {text[:40]!r} tokenizes to special tokens of model "
+                f"{self.model!r} ({pieces}: characters its vocabulary lacks, or a special token "
+                "written out); send text the model writes"
+            )
+        if len(ids) > self.max_tokens:
+            raise self._too_long(f"{len(ids)} tokens")
+        return tuple(ids)
+
+    def _too_long(self, size: str) -> ResourceExhausted:
+        return ResourceExhausted(
+            f"the target prefix is {size} long; model {self.model!r} writes at most "
+            f"{self.max_tokens + 1} tokens (limits.max_new_tokens) and a prefix must leave room "
+            f"for one: send at most {self.max_tokens} tokens"
+        )
+
+
+def longest_token(tokenizer: TextTokenizer) -> int:
+    """Characters of the tokenizer's longest vocabulary entry (at least 1)."""
+    chars = 1
+    for token_id in range(tokenizer.vocab_size):
+        try:
+            chars = max(chars, len(tokenizer.id_to_token(token_id)))
+        except TokenizerError:  # an id the vocabulary skips
+            continue
+    return chars
 
 
 _CHANNELS = np.arange(3)[:, None, None]  # indexes the table's channel for every (c, y, x)

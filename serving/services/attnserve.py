@@ -81,6 +81,19 @@ def _stream_options(options: pb.DecodingOptions) -> DecodingOptions:
     return parsed
 
 
+def _prefixes(request: pb.TranslateRequest) -> list[str]:
+    """The request's target prefix per text ("" for none)."""
+    prefixes = list(request.target_prefixes)
+    if not prefixes:
+        return [""] * len(request.texts)
+    if len(prefixes) != len(request.texts):
+        raise InvalidArgument(
+            f"{len(prefixes)} target_prefixes for {len(request.texts)} texts: send one per text "
+            '("" for none), or none at all'
+        )
+    return prefixes
+
+
 class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
     """Translate, caption, classify; list and describe models."""
 
@@ -117,14 +130,16 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             )
         options = decoding_options(request.options)
         timeout = deadline_of(context)
+        prefixes = _prefixes(request)
         jobs = [
             model.request(
                 options,
                 source_ids=model.source_ids(text, request.target_language),
                 timeout_s=timeout,
                 priority=request.priority,
+                prefix=model.prefix_ids(prefix),
             )
-            for text in request.texts
+            for text, prefix in zip(request.texts, prefixes, strict=True)
         ]
         results = await _generate_all(model, jobs)
         response = pb.TranslateResponse(model=model.name, model_version=str(model.version))
@@ -157,6 +172,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             source_ids=model.source_ids(request.text, request.target_language),
             timeout_s=deadline_of(context),
             priority=request.priority,
+            prefix=model.prefix_ids(request.target_prefix),
         )
         async for item in model.stream(job):
             yield self._stream_message(pb.TranslateStreamResponse, model, item)
@@ -172,6 +188,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             pixels=model.image_pixels(request.image),
             timeout_s=deadline_of(context),
             priority=request.priority,
+            prefix=model.prefix_ids(request.prefix),
         )
         result = await model.generate(job)
         return pb.CaptionResponse(
@@ -200,6 +217,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             pixels=model.image_pixels(request.image),
             timeout_s=deadline_of(context),
             priority=request.priority,
+            prefix=model.prefix_ids(request.prefix),
         )
         async for item in model.stream(job):
             yield self._stream_message(pb.CaptionStreamResponse, model, item)

@@ -90,20 +90,22 @@ class Timing(_message.Message):
     def __init__(self, queue_time_ms: _Optional[float] = ..., compute_time_ms: _Optional[float] = ..., total_time_ms: _Optional[float] = ..., time_to_first_token_ms: _Optional[float] = ...) -> None: ...
 
 class TranslateRequest(_message.Message):
-    __slots__ = ("texts", "target_language", "model", "options", "model_version", "priority")
+    __slots__ = ("texts", "target_language", "model", "options", "model_version", "priority", "target_prefixes")
     TEXTS_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     texts: _containers.RepeatedScalarFieldContainer[str]
     target_language: str
     model: str
     options: DecodingOptions
     model_version: str
     priority: int
-    def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    target_prefixes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., target_prefixes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Translation(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "token_log_probs")
@@ -136,20 +138,22 @@ class TranslateResponse(_message.Message):
     def __init__(self, translations: _Optional[_Iterable[_Union[Translation, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamRequest(_message.Message):
-    __slots__ = ("text", "target_language", "model", "options", "model_version", "priority")
+    __slots__ = ("text", "target_language", "model", "options", "model_version", "priority", "target_prefix")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PREFIX_FIELD_NUMBER: _ClassVar[int]
     text: str
     target_language: str
     model: str
     options: DecodingOptions
     model_version: str
     priority: int
-    def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    target_prefix: str
+    def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., target_prefix: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
     __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score")
@@ -176,18 +180,20 @@ class TranslateStreamResponse(_message.Message):
     def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ...) -> None: ...
 
 class CaptionRequest(_message.Message):
-    __slots__ = ("image", "model", "options", "model_version", "priority")
+    __slots__ = ("image", "model", "options", "model_version", "priority", "prefix")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
     image: bytes
     model: str
     options: DecodingOptions
     model_version: str
     priority: int
-    def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ...) -> None: ...
+    prefix: str
+    def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class CaptionResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version", "token_log_probs")
