@@ -6,7 +6,8 @@ server does (``make_backends``, ``serve``, the server's ONNX Runtime settings fo
 starts its engine and submits one request per source row with ``beam_size`` beams (1: greedy) and
 exactly ``new_tokens`` new tokens (``min_new_tokens`` = ``max_new_tokens``), all at once, as a
 batch of clients would; ``controls`` are further decoding options (``repetition_penalty``,
-``no_repeat_ngram_size``: ``benchmarks.repetition_controls``).
+``no_repeat_ngram_size``: ``benchmarks.repetition_controls``; ``prefix_tokens``: each row's
+first source tokens as its target prefix).
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class AttnServeBeamRunner(Runner):
             token_budget=max(config.batching.token_budget, rows * 2 * new_tokens),
             max_queue_size=max(config.batching.max_queue_size, max_batch),
         )
+        prefix = int((controls or {}).get("prefix_tokens", 0))  # counts toward the limit
         limits = replace(
-            config.limits, max_new_tokens=max(config.limits.max_new_tokens, new_tokens)
+            config.limits, max_new_tokens=max(config.limits.max_new_tokens, new_tokens + prefix)
         )
         config = replace(config, batching=batching, limits=limits)
         version = resolve_version(entry)
@@ -86,7 +88,8 @@ class AttnServeBeamRunner(Runner):
         self.model: Any = serve(config, version, first, more_backends=more)
         self.new_tokens = new_tokens
         self.beam_size = beam_size
-        self.controls = controls or {}  # repetition_penalty, no_repeat_ngram_size
+        self.controls = dict(controls or {})  # repetition_penalty, no_repeat_ngram_size
+        self.prefix_tokens = int(self.controls.pop("prefix_tokens", 0))
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.model.start())
 
@@ -97,14 +100,18 @@ class AttnServeBeamRunner(Runner):
         options = DecodingOptions(
             max_new_tokens=n, min_new_tokens=n, beam_size=self.beam_size, **self.controls
         )
-        requests = [self.model.request(options, source_ids=row) for row in ids]
+        k = self.prefix_tokens
+        requests = [
+            self.model.request(options, source_ids=row, prefix=tuple(row[:k].tolist()))
+            for row in ids
+        ]
         return list(await asyncio.gather(*(self.model.generate(r) for r in requests)))
 
     def run(self, ids: np.ndarray) -> np.ndarray:
         results = self.loop.run_until_complete(self._generate(np.asarray(ids, dtype=np.int64)))
         out = np.full((len(results), self.new_tokens), -1, dtype=np.int64)
         for row, result in enumerate(results):
-            tokens = result.token_ids[: self.new_tokens]
+            tokens = result.token_ids[self.prefix_tokens :][: self.new_tokens]
             out[row, : len(tokens)] = tokens
         return out
 

@@ -168,7 +168,10 @@ class CTranslate2Runner(Runner):
             },
         )
         self.beam_size = beam_size
-        self.controls = controls or {}  # translate_batch's repetition_penalty, ...
+        # translate_batch's repetition_penalty, ...; ``prefix_tokens``: a target prefix of
+        # each row's first source tokens (``target_prefix``)
+        self.controls = dict(controls or {})
+        self.prefix_tokens = int(self.controls.pop("prefix_tokens", 0))
         self.translator = ctranslate2.Translator(
             str(model_dir),
             device=device,
@@ -185,17 +188,20 @@ class CTranslate2Runner(Runner):
         batch = [[self.vocabulary[i] for i in row] for row in ids.tolist()]
         # Split the batch evenly over the translation workers (inter_threads).
         per_worker = max(1, math.ceil(len(batch) / self.inter_threads))
+        k = self.prefix_tokens  # its decoding lengths count the prefix
+        prefix = {"target_prefix": [row[:k] for row in batch]} if k else {}
         results = self.translator.translate_batch(
             batch,
             beam_size=self.beam_size,
             max_batch_size=per_worker,
             batch_type="examples",
-            min_decoding_length=self.new_tokens,
-            max_decoding_length=self.new_tokens,
-            **{"return_scores": False, **self.controls},
+            min_decoding_length=self.new_tokens + k,
+            max_decoding_length=self.new_tokens + k,
+            **{"return_scores": False, **prefix, **self.controls},
         )
         return np.array(
-            [[self.index.get(t, -1) for t in r.hypotheses[0]] for r in results], dtype=np.int64
+            [[self.index.get(t, -1) for t in r.hypotheses[0][k:]] for r in results],
+            dtype=np.int64,
         )
 
     def close(self) -> None:
@@ -239,7 +245,9 @@ class HFGenerateRunner(Runner):
     ) -> None:
         """``precision`` fp16: the model in half precision (on CUDA); ``beam_size`` > 1: beam
         search (``num_beams``), the best hypothesis returned; ``controls``: more ``generate``
-        options (``repetition_penalty``, ``no_repeat_ngram_size``)."""
+        options (``repetition_penalty``, ``no_repeat_ngram_size``; ``prefix_tokens``: each
+        row's first source tokens as a target prefix, ``decoder_input_ids`` after the start
+        token)."""
         import torch
         import transformers
 
@@ -260,7 +268,8 @@ class HFGenerateRunner(Runner):
             },
         )
         self.beam_size = beam_size
-        self.controls = controls or {}
+        self.controls = dict(controls or {})
+        self.prefix_tokens = int(self.controls.pop("prefix_tokens", 0))
         torch.set_num_threads(threads)
         self.torch = torch
         self.device = device
@@ -274,6 +283,13 @@ class HFGenerateRunner(Runner):
     def run(self, ids: np.ndarray) -> np.ndarray:
         torch = self.torch
         input_ids = torch.from_numpy(ids).to(self.device)
+        k = self.prefix_tokens
+        prefix = {}
+        if k:
+            start = torch.full((len(ids), 1), self.model.config.decoder_start_token_id)
+            prefix["decoder_input_ids"] = torch.cat([start, input_ids[:, :k].cpu()], 1).to(
+                self.device
+            )
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids,
@@ -283,12 +299,13 @@ class HFGenerateRunner(Runner):
                 do_sample=False,
                 num_beams=self.beam_size,
                 use_cache=self.use_cache,
+                **prefix,
                 **self.controls,
             )
         out = getattr(out, "sequences", out)  # return_dict_in_generate: a ModelOutput
         if self.device == "cuda":
             torch.cuda.synchronize()
-        return out[:, 1:].cpu().numpy()  # drop the decoder start token
+        return out[:, 1 + k :].cpu().numpy()  # drop the decoder start token and the prefix
 
     def close(self) -> None:
         del self.model

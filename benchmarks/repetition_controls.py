@@ -1,7 +1,7 @@
-"""Repetition controls and scores against CTranslate2 and Hugging Face ``generate``, same model,
-same run.
+"""Repetition controls, scores and target prefixes against CTranslate2 and Hugging Face
+``generate``, same model, same run.
 
-    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both,scores]
+    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both,scores,prefix]
         [--beam-sizes 1,4] [--precisions fp32] [--batches 1,16] [--new-tokens 32]
         [--repetitions 3] [--out DIR] [--tiny]
 
@@ -11,7 +11,9 @@ chosen one by one from the host logits, as sampled rows are. This probe times wh
 and where the peers stand with the same options: for each setup (``none``; ``penalty``:
 ``repetition_penalty`` 1.2; ``ngram``: ``no_repeat_ngram_size`` 3; ``both``; ``scores``:
 attnserve's ``return_log_probs``, CTranslate2's ``return_scores``, ``generate``'s
-``output_scores``; beam search scores its hypotheses in any case) and beam size,
+``output_scores``; beam search scores its hypotheses in any case; ``prefix``: a target prefix of
+each row's first 8 source tokens, which attnserve feeds one a decode step, CTranslate2 and
+``generate`` in one decoder pass) and beam size,
 ``benchmarks.beam_search``'s runners (the served engine, CTranslate2's thread splits, HF
 ``generate`` with its KV cache) on the engine benchmark's random Marian model (Marian-base shape,
 or the CI's tiny one with ``--tiny``) decode exactly ``--new-tokens`` tokens per row,
@@ -52,6 +54,8 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
         "ctranslate2": {"return_scores": True},
         "hf": {"output_scores": True, "return_dict_in_generate": True},
     },
+    # each row's first source tokens as its target prefix; the tokens after it are timed
+    "prefix": same({"prefix_tokens": 8}),
 }
 
 

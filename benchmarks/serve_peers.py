@@ -247,9 +247,14 @@ class SameRun:
         return round(asyncio.run(point()), 3)
 
     def _text_data(self) -> Path:
-        """perf_analyzer's input data for the translator: the benchmark's text and language."""
+        """perf_analyzer's input data for the translator: the benchmark's text and language, and
+        no target prefix (an empty one: perf_analyzer fills every declared input)."""
         path = self.scratch / "translator.json"
-        item = {"text": [self.settings.text], "target_language": [self.language]}
+        item = {
+            "text": [self.settings.text],
+            "target_language": [self.language],
+            "target_prefix": [""],
+        }
         path.write_text(json.dumps({"data": [item]}))
         return path
 

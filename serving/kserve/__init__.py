@@ -25,10 +25,14 @@ translation     in  ``text`` (declared)   BYTES   [N,1] or [N]    UTF-8 source t
                 in  ``target_language``   BYTES   [N,1], [N] or   optional (declared): or
                                                   [1]             request parameter
                                                                   ``target_language`` (string)
+                in  ``target_prefix``     BYTES   [N,1] or [N]    optional: the text each
+                                                                  translation starts with
                 out ``translation``       BYTES   [N]             UTF-8
                 out ``token_ids``         INT32   [N,T]           padded with -1
 captioning      in  ``image`` (declared)  UINT8   [N,S,S,3]       RGB pixels 0-255 (HWC)
                 in  ``image``             BYTES   [N,1] or [N]    PNG / JPEG, instead
+                in  ``prefix``            BYTES   [N,1] or [N]    optional: the text each
+                                                                  caption starts with
                 out ``caption``           BYTES   [N]             UTF-8
                 out ``token_ids``         INT32   [N,T]           padded with -1
 =============== ========================= ======= =============== ==============================
@@ -37,10 +41,10 @@ Only inputs whose generated data is valid are declared (perf_analyzer fills ever
 input with random data; random bytes are valid pixels, random floats hold NaN). Request
 parameters of the generating models: ``max_new_tokens``, ``min_new_tokens``, ``beam_size``,
 ``length_penalty``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``repetition_penalty``,
-``no_repeat_ngram_size`` (int64 / double; numeric strings too). Every model honours Triton's
-``timeout`` parameter (microseconds) besides the gRPC deadline. A requested output with the
-``classification`` parameter k (tritonclient's ``class_count``) comes back as BYTES [N,k] of
-"score:index:label", as Triton does.
+``no_repeat_ngram_size`` (int64 / double; numeric strings too), ``return_log_probs`` (bool).
+Every model honours Triton's ``timeout`` parameter (microseconds) besides the gRPC deadline. A
+requested output with the ``classification`` parameter k (tritonclient's ``class_count``) comes
+back as BYTES [N,k] of "score:index:label", as Triton does.
 
 ``ModelStreamInfer`` is decoupled-style: a translation or captioning request of one element gets one
 response per generated token (the text delta in the text output, its ids in ``token_ids``,

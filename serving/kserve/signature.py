@@ -6,7 +6,8 @@ declare them: one string per batch item is BYTES with dims [1] (shape [-1, 1]). 
 such as perf_analyzer fill every declared input with generated data, so a model declares only
 inputs whose generated data is valid: the image models declare their decoded-image input
 ``image`` (UINT8 HWC: any bytes are valid pixels). ``Signature.alternatives`` are further forms
-a request may use instead (encoded PNG / JPEG bytes, normalised pixels); they are accepted, and
+a request may use instead (encoded PNG / JPEG bytes, normalised pixels) and optional inputs whose
+generated data would not be valid (a generator's target prefix); they are accepted, and
 ModelConfig lists them in its ``also_accepts`` parameter.
 """
 
@@ -146,18 +147,23 @@ def signature(config: ModelConfig) -> Signature:
             inputs=(
                 TensorSpec("text", BYTES, ONE_PER_ITEM),
                 TensorSpec("target_language", BYTES, ONE_PER_ITEM, optional=True),
-                TensorSpec(PREFIX_INPUT["translation"], BYTES, ONE_PER_ITEM, optional=True),
             ),
             outputs=(TensorSpec("translation", BYTES), token_ids),
+            alternatives=(_prefix(config),),
         )
     size = config.image.size if config.image is not None else -1
     decoded, encoded = _image_forms(size, optional=False)
-    prefix = TensorSpec(PREFIX_INPUT["captioning"], BYTES, ONE_PER_ITEM, optional=True)
     return Signature(
-        inputs=(decoded, prefix),
+        inputs=(decoded,),
         outputs=(TensorSpec("caption", BYTES), token_ids),
-        alternatives=(encoded,),
+        alternatives=(encoded, _prefix(config)),
     )
+
+
+def _prefix(config: ModelConfig) -> TensorSpec:
+    """A generator's target prefix input: accepted, not declared (generic clients such as
+    perf_analyzer fill every declared input with generated strings)."""
+    return TensorSpec(PREFIX_INPUT[config.task], BYTES, ONE_PER_ITEM, optional=True)
 
 
 def max_batch(config: ModelConfig) -> int:

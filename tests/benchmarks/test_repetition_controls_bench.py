@@ -1,6 +1,6 @@
 """``python -m benchmarks.repetition_controls``: attnserve, CTranslate2 and HF ``generate`` with
 the same repetition controls on the tiny Marian model, and the served engine's tokens under
-those controls equal to ``generate``'s."""
+those controls (and after a target prefix) equal to ``generate``'s."""
 
 from __future__ import annotations
 
@@ -43,29 +43,68 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
             assert both["vs_none"][name] == pytest.approx(expected, abs=1e-3)
 
 
+def _tiny() -> tuple[Path, Path, Path]:
+    """The tiny Marian model's benchmark cache, its directory and its fp32 attnserve entry."""
+    from benchmarks.attnserve_runner import export_attnserve
+    from benchmarks.marian import TINY, build_marian, default_cache
+
+    cache = default_cache()
+    marian_dir = build_marian(cache, TINY)
+    return cache, marian_dir, export_attnserve(marian_dir, cache, TINY, "fp32", fast_int8=True)
+
+
+def _served_as_hf(
+    entry: Path, marian_dir: Path, ids: np.ndarray, beam_size: int, setup: dict
+) -> np.ndarray:
+    """The served engine's 9 tokens per row with ``setup``, checked equal to ``generate``'s."""
+    from benchmarks.beam_runner import AttnServeBeamRunner
+    from benchmarks.peers import HFGenerateRunner
+
+    ours = AttnServeBeamRunner(entry, "fp32", 9, beam_size, 1, 3, controls=setup)
+    try:
+        served = ours.run(ids)
+    finally:
+        ours.close()
+    hf = HFGenerateRunner(marian_dir, 9, True, 1, beam_size=beam_size, controls=setup)
+    np.testing.assert_array_equal(served, hf.run(ids))
+    return served
+
+
 @pytest.mark.skipif(not PEERS, reason="needs transformers (the reference)")
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_the_runners_decode_with_the_controls(beam_size: int) -> None:
     """The served engine's tokens with the controls (and a fixed length) are ``generate``'s
     with the same options, and differ from its tokens without them."""
-    from benchmarks.attnserve_runner import export_attnserve
-    from benchmarks.beam_runner import AttnServeBeamRunner
-    from benchmarks.marian import TINY, build_marian, default_cache, source_ids
-    from benchmarks.peers import HFGenerateRunner
+    from benchmarks.marian import TINY, source_ids
 
-    cache = default_cache()
-    marian_dir = build_marian(cache, TINY)
-    entry = export_attnserve(marian_dir, cache, TINY, "fp32", fast_int8=True)
+    _, marian_dir, entry = _tiny()
     ids = source_ids(np.random.default_rng(3), 3, 8, TINY)
     controls = repetition_controls.SETUPS["both"]["attnserve-beam"]
+    outputs = {
+        bool(setup): _served_as_hf(entry, marian_dir, ids, beam_size, setup)
+        for setup in ({}, controls)
+    }
+    assert not np.array_equal(outputs[False], outputs[True])
+
+
+@pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_runners_decode_after_the_same_target_prefix(beam_size: int) -> None:
+    """With the ``prefix`` setup (each row's first source tokens as its target prefix) the
+    served engine's tokens after the prefix are ``generate``'s after ``decoder_input_ids``, and
+    CTranslate2's after ``target_prefix`` (greedy), and differ from those without a prefix."""
+    from benchmarks.marian import TINY, source_ids, vocabulary
+    from benchmarks.peers import CTranslate2Runner, convert_ctranslate2
+
+    cache, marian_dir, entry = _tiny()
+    ids = source_ids(np.random.default_rng(4), 3, 12, TINY)
+    prefix = repetition_controls.SETUPS["prefix"]["attnserve-beam"]
     outputs = {}
-    for setup in ({}, controls):
-        ours = AttnServeBeamRunner(entry, "fp32", 9, beam_size, 1, 3, controls=setup)
-        try:
-            served = ours.run(ids)
-        finally:
-            ours.close()
-        hf = HFGenerateRunner(marian_dir, 9, True, 1, beam_size=beam_size, controls=setup)
-        np.testing.assert_array_equal(served, hf.run(ids))
+    for setup in ({}, prefix):
+        served = _served_as_hf(entry, marian_dir, ids, beam_size, setup)
+        if beam_size == 1:
+            model = convert_ctranslate2(marian_dir, cache, "float32")
+            ct2 = CTranslate2Runner(model, vocabulary(TINY), "fp32", 9, 1, 1, controls=setup)
+            np.testing.assert_array_equal(served, ct2.run(ids))
         outputs[bool(setup)] = served
     assert not np.array_equal(outputs[False], outputs[True])

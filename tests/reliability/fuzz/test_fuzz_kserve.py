@@ -36,7 +36,17 @@ from tests.reliability.fuzz.strategies import (
     versions,
 )
 
-INPUT_NAMES = ["text", "target_language", "image", "pixel_values", "caption", "probabilities", ""]
+INPUT_NAMES = [
+    "text",
+    "target_language",
+    "target_prefix",
+    "prefix",
+    "image",
+    "pixel_values",
+    "caption",
+    "probabilities",
+    "",
+]
 BAD_DATATYPES = ["BF16", "fp32", "", "STRING", "FP8", "INT128", "bytes"]
 OPTION_NAMES = [
     "max_new_tokens",

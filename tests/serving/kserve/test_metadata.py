@@ -94,6 +94,8 @@ def test_model_config(stub: pb_grpc.GRPCInferenceServiceStub, server: ServerThre
     translator = stub.ModelConfig(pb.ModelConfigRequest(name="translator"), timeout=TIMEOUT).config
     assert translator.model_transaction_policy.decoupled
     assert translator.parameters["languages"].string_value
+    # a target prefix is accepted, not declared: perf_analyzer would fill it with random text
+    assert "'target_prefix' (BYTES [N,1])" in translator.parameters["also_accepts"].string_value
     inputs = {i.name: (i.data_type, list(i.dims), i.optional) for i in translator.input}
     assert inputs == {
         "text": (pb.TYPE_STRING, [1], False),
