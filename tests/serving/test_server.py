@@ -94,6 +94,21 @@ def test_caption_and_caption_stream(shipped: ServerThread) -> None:
     assert streamed == captions[0]
 
 
+def test_target_prefixes_of_the_shipped_models(shipped: ServerThread) -> None:
+    """A prefix of the model's own first word gives its output again; another prefix steers
+    it (the README's examples); a caption's first words as its prefix give the caption."""
+    text = "three hundred and twelve"
+    with AttnServeClient(shipped.address) as client:
+        own, steered, plain = client.translate([text] * 3, to="de", prefix=["drei", "vier", ""])
+        (image, _), *_ = shapes.generate(1, seed=7, split="test")
+        caption = client.caption(encode_png(image))
+        first = " ".join(caption.text.split()[:2])
+        again = client.caption(encode_png(image), prefix=first)
+    assert own.token_ids == plain.token_ids and own.text == "dreihundertzwölf"
+    assert steered.text == "vierhundertzwölf"
+    assert again.token_ids == caption.token_ids and again.text == caption.text
+
+
 def test_classify_digits(shipped: ServerThread) -> None:
     images, labels = digits.load_digits_split("test")
     with AttnServeClient(shipped.address) as client:

@@ -22,6 +22,7 @@ from serving.multiprocess.protocol import (
     events_message,
     options_from,
     options_payload,
+    prefix_from,
     tokens_from,
 )
 
@@ -113,6 +114,32 @@ def test_decoding_options_round_trip() -> None:
     assert options_from(msgpack.unpackb(msgpack.packb(options_payload(options)))) == options
     with pytest.raises(ProtocolError):
         options_from({"beams": 3})
+
+
+WIRE_INTS = st.integers(-(2**63), 2**64 - 1)  # what msgpack carries
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payload=st.one_of(
+        st.lists(st.integers(0, 2**40), max_size=40),
+        st.lists(st.one_of(WIRE_INTS, st.booleans(), st.text(), st.floats()), max_size=4),
+        st.text(),
+        WIRE_INTS,
+        st.none(),
+    )
+)
+def test_a_target_prefix_survives_the_wire_or_is_refused(payload: object) -> None:
+    """A ``generate`` header's token ids come back as they went; anything else is refused."""
+    wired = msgpack.unpackb(msgpack.packb({"prefix": payload}))["prefix"]
+    valid = isinstance(payload, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in payload
+    )
+    if valid:
+        assert prefix_from(wired) == tuple(payload)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(ProtocolError, match="bad target prefix"):
+            prefix_from(wired)
 
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
