@@ -743,7 +743,7 @@ class InFlightEngine:
             reason="stop" if top.finished else "length",
             tokens=list(top.tokens),
             score=float(top.score),
-            alternatives=[(list(h.tokens), float(h.score)) for h in best[1:]],
+            alternatives=[(list(h.tokens), float(h.score), h.finished) for h in best[1:]],
         )
 
     def _post_finish(self, seq: ActiveSequence, **event: Any) -> bool:

@@ -41,7 +41,8 @@ class FinishEvent:
     score: float | None = None  # beam search: length-penalised log-probability; else the
     # sum of the chosen tokens' log-probabilities, EOS included (``return_log_probs``)
     log_probs: list[float] | None = None  # ``return_log_probs``: one per token of ``tokens``
-    alternatives: list[tuple[list[int], float]] = field(default_factory=list)
+    # beam search's runner-ups: (tokens, score, whether it ended with EOS)
+    alternatives: list[tuple[list[int], float, bool]] = field(default_factory=list)
     input_tokens: int = 0
     queue_seconds: float = 0.0  # arrival to admission
     compute_seconds: float = 0.0  # admission to this finish

@@ -18,6 +18,7 @@ MAX_TEMPERATURE = 100.0
 MAX_LENGTH_PENALTY = 10.0
 MAX_SEED = 2**64 - 1
 MAX_REPETITION_PENALTY = 100.0
+MAX_SAMPLES = 16  # outputs of one sampled text: the output and its alternatives
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class DecodingOptions:
         top_k: sample among the k most likely tokens only; 0 turns the filter off.
         top_p: nucleus sampling: the smallest set of tokens whose probability reaches top_p.
         seed: seeds the request's own random generator (reproducible output); None = random.
-        num_alternatives: beam search also returns this many runner-up hypotheses.
+        num_alternatives: beam search also returns this many runner-up hypotheses; sampling
+            this many further samples (the i-th drawn with ``seed + i``).
         repetition_penalty: tokens already in the output score ``s * p`` (s < 0) or ``s / p``;
             1 = off (``serving.generation.repetition``).
         no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
@@ -124,11 +126,19 @@ class DecodingOptions:
 
     def _check_num_alternatives(self) -> None:
         _check_int("num_alternatives", self.num_alternatives, 0, None)
+        if self.sampling and self.beam_size == 1:  # further samples
+            if self.num_alternatives > MAX_SAMPLES - 1:
+                raise InvalidArgument(
+                    f"num_alternatives {self.num_alternatives} asks for more than {MAX_SAMPLES} "
+                    f"samples of a text: with sampling it must be in 0..{MAX_SAMPLES - 1}"
+                )
+            return
         if self.num_alternatives > self.beam_size - 1:
             raise InvalidArgument(
                 f"num_alternatives {self.num_alternatives} needs more beams than beam_size "
                 f"{self.beam_size}: num_alternatives must be in 0..beam_size-1 "
-                f"(0..{self.beam_size - 1}); raise beam_size or ask for fewer alternatives"
+                f"(0..{self.beam_size - 1}); raise beam_size, sample (temperature > 0) or ask "
+                "for fewer alternatives"
             )
 
     def _check_return_log_probs(self) -> None:

@@ -284,7 +284,9 @@ def event_from(kind: str, payload: Any) -> Event:
             return TokenEvent(int(token), int(index), *(float(p) for p in log_prob))
         if kind == "finish":
             finish = FinishEvent(**payload)
-            finish.alternatives = [(list(ids), float(score)) for ids, score in finish.alternatives]
+            finish.alternatives = [
+                (list(ids), float(score), bool(ended)) for ids, score, ended in finish.alternatives
+            ]
             return finish
         if kind == "error":
             code, message = payload

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -53,7 +53,8 @@ class Generated:
     token_ids: list[int]
     finish_reason: str  # stop | length
     score: float | None = None
-    alternatives: list[tuple[str, list[int], float]] = field(default_factory=list)
+    # beam search's runner-ups or further samples: (text, token ids, score, finish reason)
+    alternatives: list[tuple[str, list[int], float, str]] = field(default_factory=list)
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
     input_tokens: int = 0
     queue_seconds: float = 0.0
@@ -69,6 +70,29 @@ class StreamDelta:
     token_ids: list[int]
     index: int
     log_probs: list[float] | None = None  # one per token id (``return_log_probs``)
+
+
+def samples(request: GenerationRequest) -> list[GenerationRequest]:
+    """A sampled request's further samples (``options.num_alternatives`` of them): the same
+    input, prefix, deadline and priority, the i-th with seed ``seed + i`` (mod 2**64; a fresh
+    random one for a request without a seed), so that it gives what a request of that seed
+    gives."""
+    options = request.options
+    seed = options.seed
+    return [
+        GenerationRequest(
+            options=replace(
+                options, num_alternatives=0, seed=None if seed is None else (seed + i) % 2**64
+            ),
+            source_ids=request.source_ids,
+            pixels=request.pixels,
+            deadline=request.deadline,
+            arrival=request.arrival,
+            priority=request.priority,
+            prefix=request.prefix,
+        )
+        for i in range(1, options.num_alternatives + 1)
+    ]
 
 
 def inplace_cache(backend: Backend, config: GeneratorConfig) -> InPlaceKVCache | None:
@@ -337,7 +361,29 @@ class ServedGenerator(ServedEntry):
             yield event
 
     async def generate(self, request: GenerationRequest) -> Generated:
-        """Run a request to the end and decode it."""
+        """Run a request to the end and decode it; a sampled request with ``num_alternatives``
+        also runs that many further samples of it (``samples``) and returns them as its
+        alternatives."""
+        if request.options.sampling and request.options.num_alternatives:
+            return await self._with_samples(request)
+        return await self._generate(request)
+
+    async def _with_samples(self, request: GenerationRequest) -> Generated:
+        """The request and its further samples decoded side by side (they share decode steps);
+        one failing, or the call cancelled, stops all of them."""
+        jobs = [request, *samples(request)]
+        tasks = [asyncio.ensure_future(self._generate(job)) for job in jobs]
+        try:
+            first, *more = await asyncio.gather(*tasks)
+        except BaseException:
+            for task, job in zip(tasks, jobs, strict=True):
+                task.cancel()
+                job.cancel()
+            raise
+        first.alternatives = [(r.text, r.token_ids, r.score or 0.0, r.finish_reason) for r in more]
+        return first
+
+    async def _generate(self, request: GenerationRequest) -> Generated:
         first_token: float | None = None
         final: FinishEvent | None = None
         async for event in self.events(request):
@@ -388,7 +434,10 @@ class ServedGenerator(ServedEntry):
             token_ids=list(final.tokens),
             finish_reason=final.reason,
             score=final.score,
-            alternatives=[(decode(ids), list(ids), score) for ids, score in final.alternatives],
+            alternatives=[
+                (decode(ids), list(ids), score, "stop" if ended else "length")
+                for ids, score, ended in final.alternatives
+            ],
             token_log_probs=final.log_probs,
             input_tokens=final.input_tokens,
             queue_seconds=final.queue_seconds,

@@ -68,8 +68,8 @@ def _timing(result: Generated) -> pb.Timing:
 
 def _alternatives(result: Generated) -> list[pb.Hypothesis]:
     return [
-        pb.Hypothesis(text=text, token_ids=ids, score=score, finish_reason=pb.FINISH_REASON_STOP)
-        for text, ids, score in result.alternatives
+        pb.Hypothesis(text=text, token_ids=ids, score=score, finish_reason=FINISH[reason])
+        for text, ids, score, reason in result.alternatives
     ]
 
 
@@ -78,6 +78,11 @@ def _stream_options(options: pb.DecodingOptions) -> DecodingOptions:
     parsed = decoding_options(options)
     if parsed.beam_size > 1:
         raise InvalidArgument("streams decode greedily or by sampling: set beam_size to 1")
+    if parsed.num_alternatives:
+        raise InvalidArgument(
+            f"a stream sends one output, not num_alternatives {parsed.num_alternatives} more: "
+            "leave it at 0, or use the unary call"
+        )
     return parsed
 
 

@@ -79,7 +79,7 @@ def test_array_specs_that_do_not_fit_their_frames(header: dict, frames: list[byt
 
 EVENTS = [
     TokenEvent(17, 3),
-    FinishEvent("stop", [5, 6], score=-1.25, alternatives=[([5], -2.0)], input_tokens=4),
+    FinishEvent("stop", [5, 6], score=-1.25, alternatives=[([5], -2.0, True), ([7], -3.0, False)]),
     FinishEvent("length", [], queue_seconds=0.5),
     ErrorEvent(ResourceExhausted("queue full: retry later")),
     ErrorEvent(DeadlineExceeded("too slow")),
