@@ -296,11 +296,10 @@ class HFGenerateRunner(Runner):
                 attention_mask=torch.ones_like(input_ids),
                 max_new_tokens=self.new_tokens,
                 min_new_tokens=self.new_tokens,
-                do_sample=False,
                 num_beams=self.beam_size,
                 use_cache=self.use_cache,
                 **prefix,
-                **self.controls,
+                **{"do_sample": False, **self.controls},
             )
         out = getattr(out, "sequences", out)  # return_dict_in_generate: a ModelOutput
         if self.device == "cuda":

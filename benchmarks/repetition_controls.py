@@ -13,7 +13,9 @@ and where the peers stand with the same options: for each setup (``none``; ``pen
 attnserve's ``return_log_probs``, CTranslate2's ``return_scores``, ``generate``'s
 ``output_scores``; beam search scores its hypotheses in any case; ``prefix``: a target prefix of
 each row's first 8 source tokens, which attnserve feeds one a decode step, CTranslate2 and
-``generate`` in one decoder pass) and beam size,
+``generate`` in one decoder pass; ``samples``: 5 random samples of each row, attnserve's
+``num_alternatives``, CTranslate2's ``num_hypotheses``, ``generate``'s ``num_return_sequences``,
+all 5 counted) and beam size,
 ``benchmarks.beam_search``'s runners (the served engine, CTranslate2's thread splits, HF
 ``generate`` with its KV cache) on the engine benchmark's random Marian model (Marian-base shape,
 or the CI's tiny one with ``--tiny``) decode exactly ``--new-tokens`` tokens per row,
@@ -56,16 +58,35 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
     },
     # each row's first source tokens as its target prefix; the tokens after it are timed
     "prefix": same({"prefix_tokens": 8}),
+    # SAMPLES random samples of each row at temperature 1 over the whole vocabulary (greedy
+    # search only): attnserve's num_alternatives, CTranslate2's num_hypotheses, generate's
+    # num_return_sequences; every sample's tokens are counted
+    "samples": {
+        "attnserve-beam": {"temperature": 1.0, "seed": 1, "num_alternatives": 4},
+        "ctranslate2": {"sampling_topk": 0, "sampling_temperature": 1.0, "num_hypotheses": 5},
+        "hf": {"do_sample": True, "temperature": 1.0, "top_k": 0, "num_return_sequences": 5},
+    },
 }
+SAMPLES = 5  # outputs per row in the ``samples`` setup
 
 
 def setup_controls(setup: str, beam_size: int) -> dict[str, dict[str, Any]]:
     """A setup's options for ``beam_size``: beam search scores its hypotheses anyway, and
-    attnserve takes ``return_log_probs`` with greedy decoding and sampling only."""
+    attnserve takes ``return_log_probs`` with greedy decoding and sampling only (``samples``
+    runs without beams: ``main`` skips it there)."""
     controls = SETUPS[setup]
     if beam_size > 1 and setup == "scores":
         return {**controls, "attnserve-beam": {}}
     return controls
+
+
+def counting_samples(point: dict[str, Any]) -> dict[str, Any]:
+    """A ``samples`` point with every runner's rate counting all ``SAMPLES`` outputs of a row
+    (the runners time the whole call; the ratios between them do not change)."""
+    rates = point["new_tokens_per_s"]
+    point["new_tokens_per_s"] = {name: round(rate * SAMPLES, 1) for name, rate in rates.items()}
+    point["samples_per_row"] = SAMPLES
+    return point
 
 
 def with_costs(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for beam_size in beams:
         for setup in setups:
+            if setup == "samples" and beam_size > 1:
+                continue  # sampling has no beams
             log(f"setup {setup}, beam size {beam_size}")
             for point in measure(
                 precisions,
@@ -122,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             ):
                 controls = setup_controls(setup, beam_size)
                 points.append({"setup": setup, "controls": controls, "beam_size": beam_size})
-                points[-1].update(point)
+                points[-1].update(counting_samples(point) if setup == "samples" else point)
     write_probe(
         "repetition-controls",
         with_costs(points),

@@ -18,22 +18,32 @@ PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("tr
 
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> None:
-    args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", "none,both,scores"]
+    setups = "none,both,scores,samples"
+    args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", setups]
     args += ["--beam-sizes", "1,3", "--batches", "2", "--new-tokens", "6"]
     assert repetition_controls.main(args) == 0
     (path,) = tmp_path.glob("repetition-controls-*-tiny.json")
     result = json.loads(path.read_text())
     points = {(p["setup"], p["beam_size"]): p for p in result["points"]}
-    assert set(points) == {(s, b) for s in ("none", "both", "scores") for b in (1, 3)}
+    assert set(points) == {(s, b) for s in ("none", "both", "scores") for b in (1, 3)} | {
+        ("samples", 1)  # sampling has no beams
+    }
+    samples = points[("samples", 1)]
+    assert samples["samples_per_row"] == repetition_controls.SAMPLES
+    assert samples["runs"]["hf-generate-kv"]["output_shape"] == [2 * 5, 6]  # every sample
+    for name, runs in samples["runs"].items():  # the rate counts all five samples of a row
+        seconds = sorted(runs["runs_s"])[0]
+        assert samples["new_tokens_per_s"][name] == pytest.approx(2 * 6 * 5 / seconds, rel=0.01)
     assert points[("both", 3)]["controls"] == repetition_controls.SETUPS["both"]
     assert points[("scores", 1)]["controls"]["attnserve-beam"] == {"return_log_probs": True}
     assert points[("scores", 3)]["controls"]["attnserve-beam"] == {}  # beams score anyway
     assert not result["skipped"]  # every engine took its options
     assert {"attnserve-fp32-greedy", "hf-generate-kv"} <= set(points[("both", 1)]["runs"])
     assert "attnserve-fp32-beam3" in points[("both", 3)]["runs"]
-    for point in points.values():
-        for runs in point["runs"].values():  # every engine gave 2 rows of exactly 6 tokens
-            assert runs["output_shape"] == [2, 6]
+    for (setup, _), point in points.items():
+        for name, runs in point["runs"].items():  # every engine gave 2 rows of exactly 6 tokens
+            if setup != "samples" or not name.startswith("hf-"):
+                assert runs["output_shape"] == [2, 6]
     for beam in (1, 3):
         plain, both = points[("none", beam)], points[("both", beam)]
         assert set(plain["vs_none"].values()) == {1.0}
