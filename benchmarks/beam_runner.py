@@ -53,14 +53,16 @@ class AttnServeBeamRunner(Runner):
         from serving.served import serve
 
         config = served_config(entry, max(1, threads // instances), device)
-        rows = max_batch * beam_size
+        # a sampled row with num_alternatives is that many more sequences, decoded side by side
+        samples = 1 + int((controls or {}).get("num_alternatives", 0)) * (beam_size == 1)
+        rows = max_batch * beam_size * samples
         batching = replace(
             config.batching,
             instances=instances,
             max_batch_size=max_batch,
             max_active_sequences=max(rows, config.batching.max_active_sequences),
             token_budget=max(config.batching.token_budget, rows * 2 * new_tokens),
-            max_queue_size=max(config.batching.max_queue_size, max_batch),
+            max_queue_size=max(config.batching.max_queue_size, max_batch * samples),
         )
         prefix = int((controls or {}).get("prefix_tokens", 0))  # counts toward the limit
         limits = replace(
