@@ -274,7 +274,7 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             action="store_const",
             const=True,
             help="also print the output's score and each token's log-probability "
-            "(greedy or sampling; not with --stream)",
+            "(not with --stream; with beams the score is the beam score)",
         )
     command.set_defaults(handler=run_client)
 

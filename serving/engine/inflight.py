@@ -736,14 +736,18 @@ class InFlightEngine:
         assert seq.beam is not None
         best = seq.beam.best()
         top = best[0]
+        scored = seq.options.return_log_probs  # each token's log-probability too
         for index, token in enumerate(top.tokens):
-            self._outbox.post(seq.request, TokenEvent(token, index))
+            log_prob = top.log_probs[index] if scored else None
+            self._outbox.post(seq.request, TokenEvent(token, index, log_prob))
         return self._post_finish(
             seq,
             reason="stop" if top.finished else "length",
             tokens=list(top.tokens),
             score=float(top.score),
+            log_probs=list(top.log_probs) if scored else None,
             alternatives=[(list(h.tokens), float(h.score), h.finished) for h in best[1:]],
+            alternative_log_probs=[list(h.log_probs) for h in best[1:]] if scored else None,
         )
 
     def _post_finish(self, seq: ActiveSequence, **event: Any) -> bool:

@@ -41,8 +41,10 @@ class FinishEvent:
     score: float | None = None  # beam search: length-penalised log-probability; else the
     # sum of the chosen tokens' log-probabilities, EOS included (``return_log_probs``)
     log_probs: list[float] | None = None  # ``return_log_probs``: one per token of ``tokens``
-    # beam search's runner-ups: (tokens, score, whether it ended with EOS)
+    # beam search's runner-ups: (tokens, score, whether it ended with EOS), and with
+    # ``return_log_probs`` their tokens' log-probabilities
     alternatives: list[tuple[list[int], float, bool]] = field(default_factory=list)
+    alternative_log_probs: list[list[float]] | None = None
     input_tokens: int = 0
     queue_seconds: float = 0.0  # arrival to admission
     compute_seconds: float = 0.0  # admission to this finish

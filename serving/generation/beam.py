@@ -46,7 +46,7 @@ are identical.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -67,11 +67,14 @@ class Hypothesis:
             without EOS.
         score: cumulative log-probability / length ** length_penalty (length includes EOS).
         finished: True when it ended with EOS; False when cut at max_new_tokens (or still live).
+        log_probs: each token's log-probability where it was chosen (the log-softmax after the
+            token rules; 0 for the prefix's), one per token; EOS's is in the score only.
     """
 
     tokens: list[int]
     score: float
     finished: bool
+    log_probs: list[float] = field(default_factory=list)
 
 
 class BeamSearch:
@@ -133,6 +136,8 @@ class BeamSearch:
         # live beams' tokens (rows, prefix + generated)
         self._sequences = np.asarray([self.prefix], dtype=np.int64).reshape(1, len(self.prefix))
         self._scores = np.zeros(1, dtype=np.float64)  # live beams' cumulative log-probs
+        # live beams' tokens' own log-probabilities (the prefix's 0), as ``_sequences``
+        self._token_log_probs = np.zeros((1, len(self.prefix)), dtype=np.float64)
         self._finished: list[Hypothesis] = []  # best first, at most beam_size
         self._generated = 0
         self._done = False
@@ -175,10 +180,11 @@ class BeamSearch:
             raise RuntimeError("beam search is done: read best() instead of stepping again")
         log_probs = self._log_probs(logits)
         scores, rows, tokens = self._candidates(log_probs)
+        chosen = log_probs[rows, tokens]  # each candidate's own token's log-probability
         self._generated += 1
         last = self._generated >= self.max_new_tokens
-        self._finalise(scores, rows, tokens, last)
-        parents, next_tokens = self._keep_live(scores, rows, tokens)
+        self._finalise(scores, rows, tokens, chosen, last)
+        parents, next_tokens = self._keep_live(scores, rows, tokens, chosen)
         self._done = last or self._cannot_improve()
         return parents, next_tokens
 
@@ -197,7 +203,8 @@ class BeamSearch:
             pool.extend(self._live_hypotheses())
             pool.sort(key=lambda hyp: -hyp.score)
         if not pool:
-            return [Hypothesis(tokens=list(self.prefix), score=float("-inf"), finished=False)]
+            nothing = Hypothesis(list(self.prefix), float("-inf"), False, [0.0] * len(self.prefix))
+            return [nothing]
         return pool[: 1 + self.num_alternatives]
 
     # --- one step -------------------------------------------------------------------------------
@@ -234,7 +241,12 @@ class BeamSearch:
         return total[flat], flat // vocab, flat % vocab
 
     def _finalise(
-        self, scores: np.ndarray, rows: np.ndarray, tokens: np.ndarray, last: bool
+        self,
+        scores: np.ndarray,
+        rows: np.ndarray,
+        tokens: np.ndarray,
+        chosen: np.ndarray,
+        last: bool,
     ) -> None:
         """Make hypotheses of the top ``beam_size`` candidates that end (EOS or last step)."""
         denominator = float(self._generated) ** self.length_penalty
@@ -246,7 +258,11 @@ class BeamSearch:
                 continue
             before = self._sequences[rows[rank]].tolist()
             hyp_tokens = before if ends else [*before, int(tokens[rank])]
-            self._add(Hypothesis(hyp_tokens, float(scores[rank]) / denominator, bool(ends)))
+            log_probs = self._token_log_probs[rows[rank]].tolist()
+            if not ends:
+                log_probs.append(float(chosen[rank]))
+            score = float(scores[rank]) / denominator
+            self._add(Hypothesis(hyp_tokens, score, bool(ends), log_probs))
 
     def _add(self, hypothesis: Hypothesis) -> None:
         self._finished.append(hypothesis)
@@ -254,11 +270,12 @@ class BeamSearch:
         del self._finished[self.beam_size :]
 
     def _keep_live(
-        self, scores: np.ndarray, rows: np.ndarray, tokens: np.ndarray
+        self, scores: np.ndarray, rows: np.ndarray, tokens: np.ndarray, chosen: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Keep the best ``beam_size`` candidates that do not end in EOS as the live beams."""
         live = np.flatnonzero((tokens != self.eos_id) & np.isfinite(scores))[: self.beam_size]
         parents, next_tokens, live_scores = rows[live], tokens[live], scores[live]
+        own = chosen[live]
         missing = self.beam_size - live.size
         if missing:
             fill = (parents[0], next_tokens[0]) if live.size else (0, self.eos_id)
@@ -266,9 +283,13 @@ class BeamSearch:
             parents = np.concatenate([parents, np.full(missing, fill_parent)])
             next_tokens = np.concatenate([next_tokens, np.full(missing, fill_token)])
             live_scores = np.concatenate([live_scores, np.full(missing, -np.inf)])
+            own = np.concatenate([own, np.zeros(missing)])
         parents = parents.astype(np.int64)
         next_tokens = next_tokens.astype(np.int64)
         self._sequences = np.concatenate([self._sequences[parents], next_tokens[:, None]], axis=1)
+        self._token_log_probs = np.concatenate(
+            [self._token_log_probs[parents], own[:, None].astype(np.float64)], axis=1
+        )
         self._scores = live_scores.astype(np.float64)
         return parents, next_tokens
 
@@ -288,7 +309,12 @@ class BeamSearch:
     def _live_hypotheses(self) -> list[Hypothesis]:
         denominator = float(max(self._generated, 1)) ** self.length_penalty
         return [
-            Hypothesis(self._sequences[row].tolist(), float(score) / denominator, False)
+            Hypothesis(
+                self._sequences[row].tolist(),
+                float(score) / denominator,
+                False,
+                self._token_log_probs[row].tolist(),
+            )
             for row, score in enumerate(self._scores)
             if np.isfinite(score)
         ]

@@ -39,9 +39,9 @@ class DecodingOptions:
         repetition_penalty: tokens already in the output score ``s * p`` (s < 0) or ``s / p``;
             1 = off (``serving.generation.repetition``).
         no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
-        return_log_probs: report each chosen token's log-probability and the output's score
-            (greedy decoding and sampling, unary or streamed;
-            ``serving.generation.sampling.RowSampler``).
+        return_log_probs: report each chosen token's log-probability and, for greedy decoding
+            and sampling, the output's score as their sum (``serving.generation.sampling.
+            RowSampler``; beam search: each hypothesis's tokens', ``BeamSearch``).
     """
 
     max_new_tokens: int | None = None
@@ -145,12 +145,6 @@ class DecodingOptions:
         if not isinstance(self.return_log_probs, bool):
             raise InvalidArgument(
                 f"return_log_probs must be true or false, got {self.return_log_probs!r}"
-            )
-        if self.return_log_probs and self.beam_size > 1:
-            raise InvalidArgument(
-                "return_log_probs comes with greedy decoding and sampling: beam search reports "
-                f"each hypothesis's score instead; use beam_size 1 (not {self.beam_size}) or "
-                "leave return_log_probs off"
             )
 
     def _check_repetition_penalty(self) -> None:

@@ -287,6 +287,10 @@ def event_from(kind: str, payload: Any) -> Event:
             finish.alternatives = [
                 (list(ids), float(score), bool(ended)) for ids, score, ended in finish.alternatives
             ]
+            if finish.alternative_log_probs is not None:
+                finish.alternative_log_probs = [
+                    [float(p) for p in values] for values in finish.alternative_log_probs
+                ]
             return finish
         if kind == "error":
             code, message = payload

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -46,6 +46,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Alternative:
+    """An output besides the best one: a beam search runner-up, or a further sample."""
+
+    text: str
+    token_ids: list[int]
+    score: float
+    finish_reason: str  # stop | length
+    token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
+
+
+@dataclass
 class Generated:
     """A finished generation, decoded."""
 
@@ -53,8 +64,7 @@ class Generated:
     token_ids: list[int]
     finish_reason: str  # stop | length
     score: float | None = None
-    # beam search's runner-ups or further samples: (text, token ids, score, finish reason)
-    alternatives: list[tuple[str, list[int], float, str]] = field(default_factory=list)
+    alternatives: list[Alternative] = field(default_factory=list)
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
     input_tokens: int = 0
     queue_seconds: float = 0.0
@@ -70,6 +80,18 @@ class StreamDelta:
     token_ids: list[int]
     index: int
     log_probs: list[float] | None = None  # one per token id (``return_log_probs``)
+
+
+def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> list[Alternative]:
+    """A beam search's runner-ups, decoded (with their tokens' log-probabilities where the
+    request asked for them)."""
+    scored: list[list[float] | None] = [None] * len(final.alternatives)
+    if final.alternative_log_probs is not None:
+        scored = list(final.alternative_log_probs)
+    return [
+        Alternative(decode(ids), list(ids), score, "stop" if ended else "length", log_probs)
+        for (ids, score, ended), log_probs in zip(final.alternatives, scored, strict=True)
+    ]
 
 
 def samples(request: GenerationRequest) -> list[GenerationRequest]:
@@ -380,7 +402,10 @@ class ServedGenerator(ServedEntry):
                 task.cancel()
                 job.cancel()
             raise
-        first.alternatives = [(r.text, r.token_ids, r.score or 0.0, r.finish_reason) for r in more]
+        first.alternatives = [
+            Alternative(r.text, r.token_ids, r.score or 0.0, r.finish_reason, r.token_log_probs)
+            for r in more
+        ]
         return first
 
     async def _generate(self, request: GenerationRequest) -> Generated:
@@ -434,10 +459,7 @@ class ServedGenerator(ServedEntry):
             token_ids=list(final.tokens),
             finish_reason=final.reason,
             score=final.score,
-            alternatives=[
-                (decode(ids), list(ids), score, "stop" if ended else "length")
-                for ids, score, ended in final.alternatives
-            ],
+            alternatives=_alternatives(final, decode),
             token_log_probs=final.log_probs,
             input_tokens=final.input_tokens,
             queue_seconds=final.queue_seconds,

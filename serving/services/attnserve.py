@@ -68,8 +68,14 @@ def _timing(result: Generated) -> pb.Timing:
 
 def _alternatives(result: Generated) -> list[pb.Hypothesis]:
     return [
-        pb.Hypothesis(text=text, token_ids=ids, score=score, finish_reason=FINISH[reason])
-        for text, ids, score, reason in result.alternatives
+        pb.Hypothesis(
+            text=a.text,
+            token_ids=a.token_ids,
+            score=a.score,
+            finish_reason=FINISH[a.finish_reason],
+            token_log_probs=a.token_log_probs or (),
+        )
+        for a in result.alternatives
     ]
 
 

@@ -452,3 +452,29 @@ def test_brute_force_helper_counts_every_output() -> None:
     assert len({(tuple(h.tokens), h.finished) for h in outputs}) == expected
     assert all(len(h.tokens) <= 3 for h in outputs)
     assert list(itertools.islice((h.finished for h in outputs), 1)) == [True]
+
+
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_each_hypothesis_carries_its_tokens_log_probabilities(beam_size: int) -> None:
+    """Every hypothesis's ``log_probs`` are its tokens' log-softmax values along its own
+    history (teacher forcing), live ones included; their sum with EOS's is its raw score."""
+    for seed in range(12):
+        model = random_tree(seed, 6, viable=4)
+        search = BeamSearch(
+            beam_size, EOS, max_new_tokens=5, length_penalty=0.0, num_alternatives=beam_size - 1
+        )
+        for hyp in run_beam(model, search):
+            assert len(hyp.log_probs) == len(hyp.tokens)
+            for index, token in enumerate(hyp.tokens):
+                row = log_softmax(np.asarray(model(tuple(hyp.tokens[:index])), np.float64))
+                assert hyp.log_probs[index] == pytest.approx(float(row[token]), abs=1e-12)
+            assert hyp.score == pytest.approx(rescore(model, hyp, 0.0), abs=1e-12)
+            eos = hyp.score - sum(hyp.log_probs)
+            assert eos == pytest.approx(0.0, abs=1e-12) if not hyp.finished else eos <= 1e-12
+
+
+def test_a_prefix_starts_every_hypothesis_with_log_probability_zero() -> None:
+    search = BeamSearch(3, EOS, max_new_tokens=3, num_alternatives=2, prefix=(4, 2))
+    found = run_beam(random_tree(3, 6), search)
+    assert all(h.tokens[:2] == [4, 2] and h.log_probs[:2] == [0.0, 0.0] for h in found)
+    assert all(len(h.tokens) <= 2 + 3 for h in found)

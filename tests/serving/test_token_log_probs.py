@@ -5,7 +5,8 @@ log-probability is ``generate``'s score for it (``output_scores``; the Marian ge
 renormalises, so those scores are the log-softmax after the token rules and the repetition
 controls), the output's score their sum with EOS's; sampled tokens' are the log-softmax before
 temperature, a forced EOS's is 0; requests without the option keep the fast path and a score of
-0; beam search and streams refuse the option with INVALID_ARGUMENT.
+0; beam hypotheses carry ``compute_transition_scores``'s values along their beams; streams carry
+each message's tokens' values.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ torch = pytest.importorskip("torch", reason="needs the export extra")
 
 import grpc  # noqa: E402
 
-from serving.client import AttnServeClient, ClientError  # noqa: E402
+from serving.client import AttnServeClient  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
+from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
+from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
 from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E402
 from tests.serving.hf_streams import stream_log_probs  # noqa: E402
@@ -122,10 +125,50 @@ def test_a_forced_eos_scores_zero(hf_client: AttnServeClient, marian: dict[str, 
     assert longest.score == pytest.approx(sum(longest.token_log_probs), abs=1e-5)
 
 
-def test_beam_search_refuses_the_option(hf_client: AttnServeClient) -> None:
-    with pytest.raises(ClientError, match="INVALID_ARGUMENT") as caught:
-        hf_client.translate(["one"], to="de", model="marian", beam_size=2, return_log_probs=True)
-    assert "return_log_probs comes with greedy decoding and sampling" in str(caught.value)
+def test_beam_hypotheses_carry_generates_transition_scores(
+    hf_server: ServerThread, marian: dict[str, Any]
+) -> None:
+    """4 beams, the best and 2 runner-ups: each token's log-probability is what transformers'
+    ``compute_transition_scores`` gives along the hypothesis's beams, and the score stays the
+    beam score (``sequences_scores``); KServe's output carries the best one's."""
+    tokenizer, model = marian["tokenizer"], marian["model"]
+    eos = tokenizer.eos_token_id
+    options = pb.DecodingOptions(beam_size=4, num_alternatives=2, return_log_probs=True)
+    channel = grpc.insecure_channel(hf_server.address)
+    for text in marian["texts"][:8]:
+        with torch.no_grad():
+            out = model.generate(
+                **tokenizer([text], return_tensors="pt"),
+                num_beams=4,
+                num_return_sequences=3,
+                do_sample=False,
+                max_length=MARIAN_MAX_LENGTH,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            steps = model.compute_transition_scores(
+                out.sequences, out.scores, out.beam_indices, normalize_logits=False
+            )
+        request = pb.TranslateRequest(
+            texts=[text], target_language="de", model="marian", options=options
+        )
+        (best,) = pb_grpc.AttnServeStub(channel).Translate(request, timeout=30).translations
+        for row, hypothesis in enumerate([best, *best.alternatives]):
+            chosen = out.sequences[row, 1:].tolist()
+            ids = chosen[: chosen.index(eos)] if eos in chosen else chosen
+            assert list(hypothesis.token_ids) == ids
+            np.testing.assert_allclose(
+                hypothesis.token_log_probs, steps[row, : len(ids)], atol=TOLERANCE
+            )
+            assert hypothesis.score == pytest.approx(float(out.sequences_scores[row]), abs=1e-4)
+    stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+    request = infer_request(
+        "marian", ("text", "BYTES", [text.encode()]), beam_size=4, return_log_probs=True
+    )
+    outputs = decode_outputs(stub.ModelInfer(request, timeout=30))
+    kept = outputs["token_ids"][0] != -1
+    np.testing.assert_allclose(outputs["token_log_probs"][0][kept], best.token_log_probs)
+    channel.close()
 
 
 @pytest.mark.parametrize("options", [{}, {"temperature": 0.7, "seed": 4}], ids=["greedy", "seed"])
