@@ -93,16 +93,24 @@ def test_a_stream_refuses_alternatives(tiny: ServerThread) -> None:
 
 
 def test_a_cancelled_call_frees_every_samples_rows(tiny: ServerThread) -> None:
-    """A call that runs out of time while its 8 samples decode: DEADLINE_EXCEEDED, and the
-    engine holds no row of any of them afterwards."""
+    """A call cancelled while its texts' 16 samples each decode: CANCELLED, and the engine holds
+    no row of any of them afterwards (the call is cancelled once more rows than texts run)."""
     options = pb.DecodingOptions(
-        num_alternatives=7, temperature=1.0, max_new_tokens=32, min_new_tokens=32
+        num_alternatives=15, temperature=1.0, max_new_tokens=32, min_new_tokens=32
     )
     request = pb.TranslateRequest(texts=TEXTS, target_language="de", options=options)
     engine = tiny.running.repository.get("translator").engine
-    with pytest.raises(grpc.RpcError) as caught:
-        _stub(tiny).Translate(request, timeout=0.05)
-    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    stub = _stub(tiny)
+    for _ in range(5):  # a fast machine may finish a call before it is seen running
+        call = stub.Translate.future(request, timeout=30)
+        while not call.done() and engine.active_rows <= len(TEXTS):
+            time.sleep(0.0005)
+        if call.cancel():
+            break
+    else:
+        pytest.fail("every call finished before its samples were seen decoding")
+    with pytest.raises(grpc.FutureCancelledError):
+        call.result()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and engine.active_rows:
         time.sleep(0.02)

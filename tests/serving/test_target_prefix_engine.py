@@ -102,7 +102,7 @@ def test_sampling_and_beams_start_with_the_prefix_and_stream_it(tiny_repository:
     finishes = decode_all(config, runner, cache, requests, 5)
     for finish in finishes:
         assert tuple(finish.tokens[:3]) == prefix and len(finish.tokens) <= 3 + 6
-        assert all(tuple(tokens[:3]) == prefix for tokens, _ in finish.alternatives)
+        assert all(tuple(tokens[:3]) == prefix for tokens, _, _ in finish.alternatives)
     for finish in finishes[:4]:
         assert finish.log_probs is not None and finish.log_probs[:3] == [0.0, 0.0, 0.0]
         assert finish.score == pytest.approx(sum(finish.log_probs) + _eos(finish))
