@@ -272,7 +272,9 @@ class ServedGenerator(ServedEntry):
             if config.input == "text"
             else None
         )
-        self.prefixes = TargetPrefix(self.name, self.tokenizer, limits.max_new_tokens)
+        # the position table bounds an output too (a config may raise max_new_tokens above it)
+        longest = min(limits.max_new_tokens, config.decoder.max_positions - 1)
+        self.prefixes = TargetPrefix(self.name, self.tokenizer, longest)
         self.images = (
             ImageSource(self.name, config.image, limits.max_image_bytes, self.float_dtype)
             if config.image is not None and config.input == "image"
