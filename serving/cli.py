@@ -258,6 +258,12 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         command.add_argument("--top-p", type=float)
         command.add_argument("--seed", type=int)
         command.add_argument(
+            "--num-alternatives",
+            type=int,
+            help="also print this many beam runner-ups (with --beam-size) or further samples "
+            "(with --temperature), each on a line of its own indented by a tab",
+        )
+        command.add_argument(
             "--repetition-penalty",
             type=float,
             help="the score of a token already in the output is divided by this (multiplied "
@@ -369,6 +375,7 @@ def run_client(args: argparse.Namespace) -> int:
             "top_k",
             "top_p",
             "seed",
+            "num_alternatives",
             "repetition_penalty",
             "no_repeat_ngram_size",
             "return_log_probs",
@@ -442,11 +449,14 @@ def run_client(args: argparse.Namespace) -> int:
 
 def _print_result(result: Any, log_probs: bool) -> None:
     """A generated text; with ``log_probs`` also its score and its tokens' log-probabilities
-    (a tab-separated line: score, then one value per token)."""
+    (a tab-separated line: score, then one value per token); then its alternatives, each on a
+    line that starts with a tab."""
     print(result.text)
     if log_probs:
         values = [f"{result.score:.4f}", *(f"{p:.4f}" for p in result.token_log_probs)]
         print("\t".join(values))
+    for text in result.alternatives:
+        print(f"\t{text}")
 
 
 def _models(client: Any, args: argparse.Namespace) -> int:

@@ -330,6 +330,13 @@ def test_cli_translate_and_classify(shipped: ServerThread, tmp_path: Path, capsy
         main(["translate", "forty-two", "--to", "de", "--stream", "--server", shipped.address]) == 0
     )
     assert capsys.readouterr().out.strip() == "zweiundvierzig"
+    # alternatives: each on a line of its own, indented by a tab
+    beams = ["--beam-size", "4", "--num-alternatives", "2", "--server", shipped.address]
+    assert main(["translate", "forty-two", "seventy", "--to", "de", *beams]) == 0
+    lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert [line.startswith("\t") for line in lines] == [False, True, True] * 2
+    assert lines[0] == "zweiundvierzig" and lines[3] == "siebzig"
+    assert len({lines[0], lines[1], lines[2]}) == 3  # runner-ups differ from the best
     image = tmp_path / "digit.png"
     images, labels = digits.load_digits_split("test")
     image.write_bytes(encode_png(images[0]))
