@@ -157,7 +157,7 @@ class AttnServeClient:
         served version (empty: the newest); ``prefix``: the text every translation starts with,
         or a list of one per text ("" for none)."""
         texts = [texts] if isinstance(texts, str) else texts
-        prefixes = prefix if isinstance(prefix, list) else [prefix] * len(texts) if prefix else []
+        prefixes = [prefix] * len(texts) if isinstance(prefix, str) else prefix
         request = pb.TranslateRequest(
             texts=texts,
             target_language=to,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -92,6 +92,24 @@ def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> lis
         Alternative(decode(ids), list(ids), score, "stop" if ended else "length", log_probs)
         for (ids, score, ended), log_probs in zip(final.alternatives, scored, strict=True)
     ]
+
+
+async def generate_all(
+    run: Callable[[GenerationRequest], Awaitable[Generated]], jobs: list[GenerationRequest]
+) -> list[Generated]:
+    """``run`` (a generator's ``generate``) on every job concurrently; if one fails (or the call
+    is cancelled), the others' work stops too. One job (the common one-text request) is awaited
+    without a task: its own cancellation frees its rows (the engine's ``generate_chunks``)."""
+    if len(jobs) == 1:
+        return [await run(jobs[0])]
+    tasks = [asyncio.ensure_future(run(job)) for job in jobs]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task, job in zip(tasks, jobs, strict=True):
+            task.cancel()
+            job.cancel()
+        raise
 
 
 def samples(request: GenerationRequest) -> list[GenerationRequest]:
@@ -395,15 +413,7 @@ class ServedGenerator(ServedEntry):
     async def _with_samples(self, request: GenerationRequest) -> Generated:
         """The request and its further samples decoded side by side (they share decode steps);
         one failing, or the call cancelled, stops all of them."""
-        jobs = [request, *samples(request)]
-        tasks = [asyncio.ensure_future(self._generate(job)) for job in jobs]
-        try:
-            first, *more = await asyncio.gather(*tasks)
-        except BaseException:
-            for task, job in zip(tasks, jobs, strict=True):
-                task.cancel()
-                job.cancel()
-            raise
+        first, *more = await generate_all(self._generate, [request, *samples(request)])
         first.alternatives = [
             Alternative(r.text, r.token_ids, r.score or 0.0, r.finish_reason, r.token_log_probs)
             for r in more

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from serving.served import (
     ServedModel,
     StreamDelta,
 )
+from serving.served.generator import generate_all
 from serving.services.common import Servicer, deadline_of, streaming, unary
 
 FINISH = {
@@ -152,7 +152,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             )
             for text, prefix in zip(request.texts, prefixes, strict=True)
         ]
-        results = await _generate_all(model, jobs)
+        results = await generate_all(model.generate, jobs)
         response = pb.TranslateResponse(model=model.name, model_version=str(model.version))
         for result in results:
             response.translations.append(
@@ -320,19 +320,3 @@ def model_info(model: ServedModel, versions: list[int]) -> pb.ModelInfo:
         info.limits.max_new_tokens = model.config.limits.max_new_tokens
         info.batching.in_flight = model.config.batching.in_flight
     return info
-
-
-async def _generate_all(model: Any, jobs: list[Any]) -> list[Any]:
-    """Every job generated concurrently; if one fails (or the call is cancelled), the others'
-    work stops too. One job (the common one-text request) is awaited without a task."""
-    if len(jobs) == 1:  # its own cancellation frees its rows (the engine's generate_chunks)
-        return [await model.generate(jobs[0])]
-    tasks = [asyncio.ensure_future(model.generate(job)) for job in jobs]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        for job in jobs:
-            job.cancel()
-        raise

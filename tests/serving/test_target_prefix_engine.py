@@ -6,6 +6,7 @@ start with their prefix; the prefix's tokens are streamed in order like the othe
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from serving.engine.inflight import InFlightEngine
 from serving.engine.requests import FinishEvent, GenerationRequest, TokenEvent
 from serving.generation.options import DecodingOptions
 from tests.serving.test_decode_block import block_entry  # noqa: F401 (fixture)
@@ -116,10 +118,6 @@ def _eos(finish: FinishEvent) -> float:
 
 
 def test_a_stream_gets_the_prefix_first(tiny_repository: Path) -> None:
-    import asyncio
-
-    from serving.engine.inflight import InFlightEngine
-
     config, runner, cache = load(tiny_repository / "translator")
     batching = dataclasses.replace(config.batching, max_active_sequences=8)
     engine = InFlightEngine("m", runner, config.decoder, 20, batching, cache=cache)
