@@ -275,6 +275,20 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             help="no n-gram of this size occurs twice in the output (0 = off)",
         )
         command.add_argument(
+            "--bad-word",
+            dest="bad_words",
+            action="append",
+            metavar="TEXT",
+            help="a text the output must not contain (repeat for more)",
+        )
+        command.add_argument(
+            "--stop",
+            action="append",
+            metavar="TEXT",
+            help="a stop string: the output ends just before it (repeat for more; not with "
+            "--beam-size)",
+        )
+        command.add_argument(
             "--log-probs",
             dest="return_log_probs",
             action="store_const",
@@ -379,6 +393,8 @@ def run_client(args: argparse.Namespace) -> int:
             "repetition_penalty",
             "no_repeat_ngram_size",
             "return_log_probs",
+            "bad_words",
+            "stop",
         )
     }
     routing: dict[str, Any] = {

@@ -344,7 +344,11 @@ class InFlightEngine:
             request = seq.request
             if request.is_cancelled():
                 gone.append(index)
-                self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
+                if request.keep is None:
+                    self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
+                else:  # a stop string: the output ends with its first ``keep`` tokens
+                    generated = int(self._state.generated[seq.slot])
+                    self._finish(seq, "stop", min(request.keep, generated), eos=False)
             elif request.deadline is not None and now >= request.deadline:
                 gone.append(index)
                 self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
@@ -461,8 +465,8 @@ class InFlightEngine:
             if token < 0:  # sampling, or a greedy row its sampler must decide
                 assert seq.sampler is not None
                 count = int(done[index])
-                history = None  # the tokens so far, for repetition controls only
-                if seq.sampler.repetition is not None:
+                history = None  # the tokens so far, for the history rules only
+                if seq.sampler.rules is not None:
                     history = state.tokens[seq.slot, :count]
                 token = seq.sampler.choose(logits[first], count, history)
                 if seq.sampler.log_probs:
@@ -719,13 +723,14 @@ class InFlightEngine:
             return self._finish_beam(seq)
         return False
 
-    def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
+    def _finish(self, seq: ActiveSequence, reason: str, count: int, eos: bool = True) -> bool:
         """Post the sequence's finish with its first ``count`` tokens (and, with
-        ``return_log_probs``, their log-probabilities and their sum with EOS's as the score)."""
+        ``return_log_probs``, their log-probabilities and their sum as the score, with EOS's
+        where it ended with one: reason "stop" and ``eos``)."""
         tokens = self._state.tokens_of(seq.slot, count)
         if not seq.options.return_log_probs:
             return self._post_finish(seq, reason=reason, tokens=tokens)
-        chosen = self._state.log_probs[seq.slot, : count + (reason == "stop")]
+        chosen = self._state.log_probs[seq.slot, : count + (reason == "stop" and eos)]
         log_probs = chosen[:count].tolist()
         score = float(chosen.sum())
         return self._post_finish(

@@ -73,6 +73,7 @@ class GenerationRequest:
         arrival: float | None = None,
         priority: int = 0,
         prefix: tuple[int, ...] = (),
+        bad_words: tuple[tuple[int, ...], ...] = (),
     ) -> None:
         if (source_ids is None) == (pixels is None):
             raise ValueError("give exactly one of source_ids (text) or pixels (image)")
@@ -86,6 +87,10 @@ class GenerationRequest:
         # the target prefix: the output's first tokens, fed to the decoder one a step, then
         # ``options.max_new_tokens`` tokens chosen after them
         self.prefix = prefix
+        # ``options.bad_words`` as token sequences (``serving.generation.history_rules``)
+        self.bad_words = bad_words
+        # set by ``finish_at``: the tokens the output keeps (a stop string ended it)
+        self.keep: int | None = None
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: EventChannel | None = None
@@ -111,6 +116,13 @@ class GenerationRequest:
         self._cancelled.set()
         if (hook := self._on_cancel) is not None:
             hook()
+
+    def finish_at(self, tokens: int) -> None:
+        """End this request with its first ``tokens`` tokens (a stop string appeared in its
+        text): the engine finishes it with reason "stop" before its next step, as for a cancel,
+        and frees its rows; a request that already ended keeps its own finish."""
+        self.keep = tokens
+        self.cancel()
 
     def watch_cancel(self, hook: Callable[[], None]) -> None:
         """Call ``hook`` (from the cancelling thread) when this request is cancelled; at once

@@ -18,7 +18,7 @@ from serving.engine.decode_cache import GreedyStep
 from serving.engine.requests import GenerationRequest, TokenSink
 from serving.engine.row_state import FIXED, RowState
 from serving.generation.beam import BeamSearch
-from serving.generation.repetition import RepetitionRules
+from serving.generation.history_rules import HistoryRules
 from serving.generation.sampling import RowSampler
 
 
@@ -36,12 +36,12 @@ class ActiveSequence:
         self.admitted = now
         self.beam: BeamSearch | None = None
         self.sampler: RowSampler | None = None
-        # greedy (temperature 0, not beams, no repetition controls or log-probs): chosen with
+        # greedy (temperature 0, not beams, no history rules or log-probs): chosen with
         # the step's other greedy rows in one pass (once past its prefix: ``greedy_after``)
         self.greedy = False
         self.greedy_after = False
         self.forced_eos_at = -1
-        repetition = RepetitionRules.of(self.options, spec.decoder_start_id)
+        rules = HistoryRules.of(self.options, spec.decoder_start_id, request.bad_words)
         if self.options.beam_size > 1:
             self.beam = BeamSearch(
                 beam_size=self.options.beam_size,
@@ -52,7 +52,7 @@ class ActiveSequence:
                 num_alternatives=self.options.num_alternatives,
                 suppress_ids=spec.suppress_ids,
                 forced_eos=spec.forced_eos,
-                repetition=repetition,
+                rules=rules,
                 prefix=request.prefix,
             )
         else:
@@ -62,10 +62,10 @@ class ActiveSequence:
                 eos_id=spec.eos_id,
                 suppress_ids=spec.suppress_ids,
                 forced_eos_at=last if spec.forced_eos else None,
-                repetition=repetition,
+                rules=rules,
                 prefix=request.prefix,
             )
-            plain = repetition is None and not self.options.return_log_probs
+            plain = rules is None and not self.options.return_log_probs
             self.greedy_after = self.options.temperature == 0 and plain
             self.greedy = self.greedy_after and not self.forced
             self.forced_eos_at = last if spec.forced_eos else -1

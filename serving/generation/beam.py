@@ -29,13 +29,13 @@ Semantics follow Hugging Face ``transformers`` (v5 ``_beam_search``):
   them; ``True`` stops as soon as ``beam_size`` are finished; ``"never"`` uses an exact bound
   (the best live log-prob at ``max_new_tokens`` when length_penalty > 0) so no better hypothesis
   can be missed through stopping. The search always ends at ``max_new_tokens``.
-- repetition controls (``repetition``: ``repetition_penalty``, ``no_repeat_ngram_size``) apply,
+- history rules (``rules``: ``repetition_penalty``, ``no_repeat_ngram_size``, bad words) apply,
   as in HF's beam search, to each beam's log-softmax over the whole vocabulary, before the token
-  rules above and the renormalisation (``serving.generation.repetition``).
+  rules above and the renormalisation (``serving.generation.history_rules``).
 
 - a target prefix (``prefix``): every beam starts with its tokens, which the engine feeds to the
   decoder before the search's first step (HF's ``decoder_input_ids`` after the start token). They
-  are the hypotheses' first tokens and count in the repetition controls' history, not in the
+  are the hypotheses' first tokens and in the history the history rules read, not in the
   scores or lengths, nor in ``max_new_tokens`` / ``min_new_tokens`` (HF's ``decoder_prompt_len``).
 
 First step: the request starts from the decoder start token (and the prefix), so all its beams
@@ -51,8 +51,8 @@ from typing import Literal
 
 import numpy as np
 
+from serving.generation.history_rules import HistoryRules
 from serving.generation.ranking import top_indices
-from serving.generation.repetition import RepetitionRules
 from serving.generation.sampling import clean_logits, log_softmax
 
 EarlyStopping = bool | Literal["never"]
@@ -93,7 +93,7 @@ class BeamSearch:
             the module docstring.
         suppress_ids: tokens never chosen.
         forced_eos: the last step (``max_new_tokens``) chooses EOS.
-        repetition: repetition controls over each beam's tokens (None: none).
+        rules: repetition controls and bad words over each beam's tokens (None: none).
         prefix: the tokens every hypothesis starts with (see the module docstring).
 
     Raises:
@@ -112,7 +112,7 @@ class BeamSearch:
         *,
         suppress_ids: tuple[int, ...] = (),
         forced_eos: bool = False,
-        repetition: RepetitionRules | None = None,
+        rules: HistoryRules | None = None,
         prefix: tuple[int, ...] = (),
     ) -> None:
         _check_arguments(
@@ -131,7 +131,7 @@ class BeamSearch:
         self.early_stopping = early_stopping
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos = bool(forced_eos)
-        self.repetition = repetition
+        self.rules = rules
         self.prefix = [int(token) for token in prefix]
         # live beams' tokens (rows, prefix + generated)
         self._sequences = np.asarray([self.prefix], dtype=np.int64).reshape(1, len(self.prefix))
@@ -219,11 +219,11 @@ class BeamSearch:
                 f"eos_id {self.eos_id} < V on step {self._generated}, got {x.shape}"
             )
         x = x[:1] if first else x
-        if self.repetition is not None:  # on log-probabilities, as HF's beam search
-            if self.repetition.penalty != 1:  # bans alone: the renormalisation below suffices
+        if self.rules is not None:  # on log-probabilities, as HF's beam search
+            if self.rules.penalty != 1:  # bans alone: the renormalisation below suffices
                 x = log_softmax(x)
             for row, tokens in zip(x, self._sequences, strict=True):
-                self.repetition.apply(row, tokens)
+                self.rules.apply(row, tokens)
         x[:, self.suppress[self.suppress < x.shape[1]]] = -np.inf
         if self.forced_eos and self._generated == self.max_new_tokens - 1:
             x[:] = -np.inf

@@ -19,6 +19,9 @@ MAX_LENGTH_PENALTY = 10.0
 MAX_SEED = 2**64 - 1
 MAX_REPETITION_PENALTY = 100.0
 MAX_SAMPLES = 16  # outputs of one sampled text: the output and its alternatives
+MAX_BAD_WORDS = 64  # ``bad_words`` entries of one request
+MAX_STOP = 16  # ``stop`` strings of one request
+MAX_WORD_CHARS = 256  # characters of one bad word or stop string
 
 
 @dataclass(frozen=True)
@@ -37,11 +40,16 @@ class DecodingOptions:
         num_alternatives: beam search also returns this many runner-up hypotheses; sampling
             this many further samples (the i-th drawn with ``seed + i``).
         repetition_penalty: tokens already in the output score ``s * p`` (s < 0) or ``s / p``;
-            1 = off (``serving.generation.repetition``).
+            1 = off (``serving.generation.history_rules``).
         no_repeat_ngram_size: no n-gram of this size occurs twice in the output; 0 = off.
         return_log_probs: report each chosen token's log-probability and, for greedy decoding
             and sampling, the output's score as their sum (``serving.generation.sampling.
             RowSampler``; beam search: each hypothesis's tokens', ``BeamSearch``).
+        bad_words: texts the output must not contain, each tokenized as the target side writes
+            it (``serving.served.inputs.BadWords``; applied by ``serving.generation.
+            history_rules``).
+        stop: strings that end the output where they first appear in its text; the text ends
+            before the stop string (``serving.generation.stop``); greedy decoding and sampling.
     """
 
     max_new_tokens: int | None = None
@@ -56,6 +64,8 @@ class DecodingOptions:
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
     return_log_probs: bool = False
+    bad_words: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
 
     @property
     def sampling(self) -> bool:
@@ -104,12 +114,19 @@ class DecodingOptions:
         self._check_repetition_penalty()
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
         self._check_return_log_probs()
+        bad_words = _check_strings("bad_words", self.bad_words, MAX_BAD_WORDS, blank=False)
+        stop = _check_strings("stop", self.stop, MAX_STOP, blank=True)
+        if stop and self.beam_size > 1:
+            raise InvalidArgument(
+                f"stop strings end one output as it is written; beam search (beam_size "
+                f"{self.beam_size}) keeps several: use beam_size 1 with stop, or leave stop empty"
+            )
         if self.beam_size > 1 and self.temperature > 0:
             raise InvalidArgument(
                 f"beam_size {self.beam_size} cannot be combined with sampling (temperature "
                 f"{self.temperature}): use beam_size 1 to sample, or temperature 0 for beam search"
             )
-        return replace(self, max_new_tokens=max_new)
+        return replace(self, max_new_tokens=max_new, bad_words=bad_words, stop=stop)
 
     def _check_max_new_tokens(self, limit: int, prefix_tokens: int) -> int:
         room = limit - prefix_tokens
@@ -169,6 +186,27 @@ def _check_int(name: str, value: object, low: int, high: int | None) -> None:
     number = int(value)
     if number < low or (high is not None and number > high):
         raise InvalidArgument(f"{name} {number} is out of range: must be {wanted}")
+
+
+def _check_strings(name: str, value: object, most: int, blank: bool) -> tuple[str, ...]:
+    """``value`` as a tuple of at most ``most`` distinct non-empty strings of at most
+    ``MAX_WORD_CHARS`` characters each (first occurrence order; ``blank``: whitespace alone
+    allowed); InvalidArgument otherwise."""
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise InvalidArgument(f"{name} must be a list of strings, got {value!r}")
+    for index, text in enumerate(value):
+        if not isinstance(text, str) or not (text if blank else text.strip()):
+            raise InvalidArgument(
+                f"{name}[{index}] must be a non-empty string, got {text!r}: remove it"
+            )
+        if len(text) > MAX_WORD_CHARS:
+            raise InvalidArgument(
+                f"{name}[{index}] is {len(text)} characters long: send at most {MAX_WORD_CHARS}"
+            )
+    strings = tuple(dict.fromkeys(value))
+    if len(strings) > most:
+        raise InvalidArgument(f"{name} holds {len(strings)} strings: send at most {most}")
+    return strings
 
 
 def _check_float(name: str, value: object, low: float, high: float) -> None:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from serving.generation.history_rules import HistoryRules
 from serving.generation.options import DecodingOptions
 from serving.generation.ranking import NUCLEUS_PREFIX, kth_largest
-from serving.generation.repetition import RepetitionRules
 from serving.generation.row_draw import clean_in_place, float_row, ranked, sample_float_row
 
 
@@ -172,8 +172,8 @@ class RowSampler:
             Marian's pad: Hugging Face's ``bad_words_ids`` / ``suppress_tokens``).
         forced_eos_at: the token chosen after this many generated tokens is EOS (Hugging Face's
             ``forced_eos_token_id``: the sequence's last position); None = never forced.
-        repetition: the request's repetition controls (applied first, to the raw logits);
-            ``choose`` then needs the tokens generated so far.
+        rules: the request's history rules, repetition controls and bad words (applied first,
+            to the raw logits); ``choose`` then needs the tokens generated so far.
         prefix: the target prefix: ``choose`` returns its tokens first, whatever the logits
             (each with log-probability 0, as a forced EOS); ``min_new_tokens`` counts after it.
 
@@ -189,7 +189,7 @@ class RowSampler:
         *,
         suppress_ids: tuple[int, ...] = (),
         forced_eos_at: int | None = None,
-        repetition: RepetitionRules | None = None,
+        rules: HistoryRules | None = None,
         prefix: Sequence[int] = (),
     ) -> None:
         _check_sampling_options(options.temperature, options.top_k, options.top_p)
@@ -199,7 +199,7 @@ class RowSampler:
         self.eos_id = int(eos_id)
         self.suppress = np.asarray(sorted(set(suppress_ids)), dtype=np.int64)
         self.forced_eos_at = forced_eos_at
-        self.repetition = repetition
+        self.rules = rules
         self.prefix = tuple(int(token) for token in prefix)
         self.min_new = len(self.prefix) + options.min_new_tokens  # EOS suppressed below it
         # ``options.return_log_probs``: ``choose`` keeps the chosen token's log-probability
@@ -223,7 +223,7 @@ class RowSampler:
         Args:
             logits_row: (V,) logits of this sequence's row (float16, float32 or float64).
             generated: how many tokens this sequence has generated before this one.
-            history: those tokens (int64, without the start token); needed with ``repetition``.
+            history: those tokens (int64, without the start token); needed with ``rules``.
 
         Returns:
             The token id: the prefix's next one while it lasts (log-probability 0). Greedy
@@ -245,7 +245,7 @@ class RowSampler:
         if generated == self.forced_eos_at:
             self.last_log_prob = 0.0
             return self.eos_id
-        plain = self.repetition is None and not self.log_probs
+        plain = self.rules is None and not self.log_probs
         if self.options.temperature == 0 and logits_row.ndim == 1 and plain:
             token = self._greedy(logits_row, generated)
             if token is not None:
@@ -256,10 +256,10 @@ class RowSampler:
                 f"got {logits_row.shape}"
             )
         x = float_row(logits_row)  # this thread's buffer: clean_logits without a fresh array
-        if self.repetition is not None:
+        if self.rules is not None:
             if history is None or len(history) != generated:
-                raise ValueError(f"repetition rules need the {generated} tokens generated so far")
-            self.repetition.apply(x, history)
+                raise ValueError(f"history rules need the {generated} tokens generated so far")
+            self.rules.apply(x, history)
         if generated < self.min_new:
             x[self.eos_id] = -np.inf
         x[self.suppress[self.suppress < x.size]] = -np.inf

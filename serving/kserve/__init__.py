@@ -27,12 +27,18 @@ translation     in  ``text`` (declared)   BYTES   [N,1] or [N]    UTF-8 source t
                                                                   ``target_language`` (string)
                 in  ``target_prefix``     BYTES   [N,1] or [N]    optional: the text each
                                                                   translation starts with
+                in  ``bad_words``         BYTES   [K]             optional: texts no output
+                                                                  holds (every element)
+                in  ``stop``              BYTES   [K]             optional: stop strings
+                                                                  (every element)
                 out ``translation``       BYTES   [N]             UTF-8
                 out ``token_ids``         INT32   [N,T]           padded with -1
 captioning      in  ``image`` (declared)  UINT8   [N,S,S,3]       RGB pixels 0-255 (HWC)
                 in  ``image``             BYTES   [N,1] or [N]    PNG / JPEG, instead
                 in  ``prefix``            BYTES   [N,1] or [N]    optional: the text each
                                                                   caption starts with
+                in  ``bad_words``         BYTES   [K]             optional, as for translation
+                in  ``stop``              BYTES   [K]             optional, as for translation
                 out ``caption``           BYTES   [N]             UTF-8
                 out ``token_ids``         INT32   [N,T]           padded with -1
 =============== ========================= ======= =============== ==============================

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -18,6 +19,7 @@ from serving.kserve.request import (
     prefixes,
     target_languages,
     utf8,
+    word_lists,
 )
 from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
 from serving.kserve.tensors import BYTES, output_tensor
@@ -35,7 +37,7 @@ Outputs = dict[str, tuple[str, Any]]  # output name -> (datatype, values)
 
 def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationRequest]:
     """One validated generation request per element (nothing is queued yet)."""
-    options = decoding_options(call.request.parameters)
+    options = replace(decoding_options(call.request.parameters), **word_lists(call))
     model.options(options)  # once, so an option error does not name an element
     starts = prefixes(call)
     if model.config.task == "translation":

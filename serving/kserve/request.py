@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from serving.kserve.shared_memory import SharedMemoryRegions, Slice, shared_inpu
 from serving.kserve.signature import (
     ONE_PER_ITEM,
     PREFIX_INPUT,
+    WORD_INPUTS,
     Signature,
     TensorSpec,
     max_batch,
@@ -130,7 +131,8 @@ def _requested_outputs(
 
 
 def _batch_size(model: ServedModel, inputs: dict[str, Tensor]) -> int:
-    sizes = {t.name: t.batch for t in inputs.values() if t.name != "target_language"}
+    request_wide = ("target_language", *WORD_INPUTS)
+    sizes = {t.name: t.batch for t in inputs.values() if t.name not in request_wide}
     if not sizes:
         names = ", ".join(s.describe() for s in signature(model.config).inputs)
         raise InvalidArgument(f"the request has no inputs; model {model.name!r} takes: {names}")
@@ -240,6 +242,12 @@ def prefixes(call: Call) -> list[str]:
     (``PREFIX_INPUT``), one string per element."""
     tensor = call.inputs.get(PREFIX_INPUT[call.model.config.task])
     return [""] * call.batch if tensor is None else utf8(tensor)
+
+
+def word_lists(call: Call) -> dict[str, Any]:
+    """The request's bad words and stop strings (``WORD_INPUTS`` sent, each BYTES [K] for every
+    element), by their ``DecodingOptions`` field."""
+    return {name: tuple(utf8(call.inputs[name])) for name in WORD_INPUTS if name in call.inputs}
 
 
 def element_pixels(call: Call) -> list[np.ndarray]:

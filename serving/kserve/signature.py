@@ -22,6 +22,9 @@ from serving.proto_gen.inference import grpc_service_pb2 as pb
 ONE_PER_ITEM = (1,)  # Triton's dims of a one-element-per-batch-item input (a string)
 # a generator's optional text input its outputs start with (the attnserve API's field names)
 PREFIX_INPUT = {"translation": "target_prefix", "captioning": "prefix"}
+# a generator's optional lists of strings for the whole request (the attnserve API's
+# DecodingOptions fields): BYTES [K], not one per item
+WORD_INPUTS = ("bad_words", "stop")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class TensorSpec:
         optional: an input that may be left out.
         accepts: every datatype accepted for an input (defaults to ``datatype`` only).
         layout: Triton's input format: "NCHW", "NHWC" or "" (none).
+        per_item: the first dimension is the batch (N); False: a list for the whole request
+            (K elements).
     """
 
     name: str
@@ -44,6 +49,7 @@ class TensorSpec:
     optional: bool = False
     accepts: tuple[str, ...] = ()
     layout: str = ""
+    per_item: bool = True
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -57,7 +63,7 @@ class TensorSpec:
 
     def shape_text(self) -> str:
         """The shape as messages show it: ``[N,3,32,32]``."""
-        return format_shape(self.shape).replace("-1", "N", 1)
+        return format_shape(self.shape).replace("-1", "N" if self.per_item else "K", 1)
 
     def describe(self) -> str:
         """``'pixel_values' (FP32 [N,3,32,32])``."""
@@ -149,14 +155,14 @@ def signature(config: ModelConfig) -> Signature:
                 TensorSpec("target_language", BYTES, ONE_PER_ITEM, optional=True),
             ),
             outputs=(TensorSpec("translation", BYTES), token_ids),
-            alternatives=(_prefix(config),),
+            alternatives=(_prefix(config), *_word_lists()),
         )
     size = config.image.size if config.image is not None else -1
     decoded, encoded = _image_forms(size, optional=False)
     return Signature(
         inputs=(decoded,),
         outputs=(TensorSpec("caption", BYTES), token_ids),
-        alternatives=(encoded, _prefix(config)),
+        alternatives=(encoded, _prefix(config), *_word_lists()),
     )
 
 
@@ -164,6 +170,12 @@ def _prefix(config: ModelConfig) -> TensorSpec:
     """A generator's target prefix input: accepted, not declared (generic clients such as
     perf_analyzer fill every declared input with generated strings)."""
     return TensorSpec(PREFIX_INPUT[config.task], BYTES, ONE_PER_ITEM, optional=True)
+
+
+def _word_lists() -> tuple[TensorSpec, ...]:
+    """A generator's bad words and stop strings: accepted, not declared (generated strings
+    would ban or stop on noise), BYTES [K] for the whole request."""
+    return tuple(TensorSpec(name, BYTES, (), optional=True, per_item=False) for name in WORD_INPUTS)
 
 
 def max_batch(config: ModelConfig) -> int:

@@ -45,6 +45,7 @@ from serving.model_control import LocalModelControl
 from serving.multiprocess.framing import Frames, MessageConnection
 from serving.multiprocess.protocol import (
     ProtocolError,
+    bad_words_from,
     decode,
     event_item,
     events_message,
@@ -188,7 +189,9 @@ class EngineServer:
             _ = self._outgoing[frontend]  # an entry, even empty, is sent: an "ack"
             self._schedule_flush()
         kind = header["t"]
-        if kind == "cancel":
+        if kind == "cancel" and "keep" in header:
+            self._finish_at(key, header["keep"])
+        elif kind == "cancel":
             self._cancel(key)
         elif kind == "generate" and len(arrays) == 1:
             self._generate(key, header, _owned(arrays[0]))
@@ -254,6 +257,15 @@ class EngineServer:
         elif (ticket := self._classifications.pop(key, None)) is not None:
             ticket.withdraw()  # a classification still waiting in the batcher
 
+    def _finish_at(self, key: Key, keep: Any) -> None:
+        """A stop string ended the generation after ``keep`` tokens: the engine finishes it
+        (its finish still goes to the frontend)."""
+        request = self._generations.get(key)
+        if request is not None and isinstance(keep, int) and keep >= 0:
+            request.finish_at(keep)
+        elif request is not None:
+            self._cancel(key)
+
     def _generate(self, key: Key, header: dict[str, Any], source: np.ndarray) -> None:
         """Queue the generation on its model's engine; its events go to the frontend as the
         decode loop delivers them (a listener on this loop, no task per request)."""
@@ -272,6 +284,7 @@ class EngineServer:
                 arrival=header["arrival"],
                 priority=header["priority"],
                 prefix=prefix_from(header.get("prefix", ())),
+                bad_words=bad_words_from(header.get("bad_words", ())),
             )
             request.token_route = (self._sinks[key[0]], key[1])
             engine.submit(request, functools.partial(self._forward, key))

@@ -14,11 +14,14 @@ Frontend -> engine (each frontend on a connection of its own):
   "arrival", "priority", "input": "source_ids" | "pixels", "arrays": [spec]}`` + one array
   frame (``priority``: the request's queue level, resolved by the frontend; ``version``: the
   served version the request is for, absent: the newest served; ``"prefix"``: the target
-  prefix's token ids, absent: none);
+  prefix's token ids, absent: none; ``"bad_words"``: the bad words' token id lists, absent:
+  none);
 - ``classify``: ``{"t": "classify", "id", "model", "version", "timeout", "priority", "times"?,
   "arrays": [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher
   resolves; ``times``: a traced request's, whose ``result`` then carries its batch times);
-- ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows.
+- ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows. With
+  ``"keep": n``: a stop string ended the output after n tokens; the engine finishes it there
+  (``GenerationRequest.finish_at``) and its finish still comes;
 - ``load`` / ``unload``: ``{"t": "load" | "unload", "id", "model"}``: model control
   (``serving.model_control``); answered by a ``done`` or ``error`` item once every frontend has
   applied it;
@@ -210,19 +213,37 @@ def options_from(payload: Any) -> DecodingOptions:
     Raises:
         ProtocolError: unknown fields or wrong types.
     """
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"bad decoding options {payload!r}: expected a map")
+    # msgpack gives lists where the options hold tuples (``bad_words``, ``stop``)
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in payload.items()}
     try:
-        return DecodingOptions(**payload)
+        return DecodingOptions(**fields)
     except TypeError as err:
         raise ProtocolError(f"bad decoding options {payload!r}: {err}") from err
 
 
 def prefix_from(payload: Any) -> tuple[int, ...]:
     """The target prefix of a ``generate`` header (a list of token ids)."""
-    if not isinstance(payload, list | tuple) or not all(
-        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in payload
-    ):
+    if not _token_ids(payload):
         raise ProtocolError(f"bad target prefix {payload!r}: expected a list of token ids")
     return tuple(payload)
+
+
+def bad_words_from(payload: Any) -> tuple[tuple[int, ...], ...]:
+    """The bad words of a ``generate`` header (a list of non-empty token id lists)."""
+    if not isinstance(payload, list | tuple) or not all(
+        _token_ids(word) and word for word in payload
+    ):
+        raise ProtocolError(f"bad bad_words {payload!r}: expected lists of token ids")
+    return tuple(tuple(word) for word in payload)
+
+
+def _token_ids(payload: Any) -> bool:
+    """Whether ``payload`` is a list of token ids (ints >= 0)."""
+    return isinstance(payload, list | tuple) and all(
+        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in payload
+    )
 
 
 def event_item(request_id: int, event: Event) -> list[Any]:

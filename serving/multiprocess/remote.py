@@ -354,9 +354,18 @@ class RemoteEngine:
                 "priority": request.priority,
                 "input": "source_ids" if request.source_ids is not None else "pixels",
                 **({"prefix": list(request.prefix)} if request.prefix else {}),
+                **(
+                    {"bad_words": [list(w) for w in request.bad_words]} if request.bad_words else {}
+                ),
             },
             [np.asarray(source)],
         )
+
+        def finish_early() -> None:  # ``request.finish_at``: a stop string ended it
+            if request.keep is not None and self.client.alive:
+                self.client.send({"t": "cancel", "id": request_id, "keep": request.keep})
+
+        request.watch_cancel(finish_early)
         done = False
         try:
             while not done:

@@ -37,10 +37,11 @@ from serving.engine.slots import power_of_two_buckets
 from serving.errors import InvalidArgument, ResourceExhausted
 from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
+from serving.generation.stop import StopMatcher
 from serving.metrics import ServingMetrics
 from serving.seq2seq import Seq2SeqRunner
 from serving.served.entry import ServedEntry
-from serving.served.inputs import ImageSource, TargetPrefix, TextSource
+from serving.served.inputs import BadWords, ImageSource, TargetPrefix, TextSource
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,17 @@ def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> lis
     ]
 
 
+def _stopped(final: FinishEvent, kept: int) -> FinishEvent:
+    """``final`` as a stop string ended it: its first ``kept`` tokens, reason "stop", and with
+    log-probabilities their sum as the score (the engine may have chosen more before it heard
+    of the stop, or ended the sequence by itself)."""
+    log_probs = None if final.log_probs is None else final.log_probs[:kept]
+    score = final.score if log_probs is None else float(sum(log_probs))
+    return replace(
+        final, reason="stop", tokens=final.tokens[:kept], log_probs=log_probs, score=score
+    )
+
+
 async def generate_all(
     run: Callable[[GenerationRequest], Awaitable[Generated]], jobs: list[GenerationRequest]
 ) -> list[Generated]:
@@ -130,6 +142,7 @@ def samples(request: GenerationRequest) -> list[GenerationRequest]:
             arrival=request.arrival,
             priority=request.priority,
             prefix=request.prefix,
+            bad_words=request.bad_words,
         )
         for i in range(1, options.num_alternatives + 1)
     ]
@@ -293,6 +306,7 @@ class ServedGenerator(ServedEntry):
         # the position table bounds an output too (a config may raise max_new_tokens above it)
         longest = min(limits.max_new_tokens, config.decoder.max_positions - 1)
         self.prefixes = TargetPrefix(self.name, self.tokenizer, longest)
+        self.bad_words = BadWords(self.name, self.tokenizer)
         self.images = (
             ImageSource(self.name, config.image, limits.max_image_bytes, self.float_dtype)
             if config.image is not None and config.input == "image"
@@ -379,20 +393,23 @@ class ServedGenerator(ServedEntry):
     ) -> GenerationRequest:
         """A generation request with its deadline (the model's default timeout when none), its
         queue level (``priority``: the client's, 1 highest, 0 = the model's default; see
-        ``batching.priority_levels``) and its target prefix (``prefix_ids``)."""
+        ``batching.priority_levels``), its target prefix (``prefix_ids``) and its bad words'
+        tokens (``BadWords``)."""
         now = time.monotonic()
         level = priority_level(priority, self.config.batching)
         # the level's default deadline; 0 = none (Triton)
         default = level_timeout_ms(level, self.config.batching) / 1000 or None
         timeout = timeout_s if timeout_s is not None else default
+        checked = self.options(options, len(prefix))
         return GenerationRequest(
-            options=self.options(options, len(prefix)),
+            options=checked,
             source_ids=source_ids,
             pixels=pixels,
             deadline=None if timeout is None else now + timeout,
             arrival=now,
             priority=level,
             prefix=prefix,
+            bad_words=self.bad_words.ids(checked.bad_words) if checked.bad_words else (),
         )
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:
@@ -423,13 +440,25 @@ class ServedGenerator(ServedEntry):
     async def _generate(self, request: GenerationRequest) -> Generated:
         first_token: float | None = None
         final: FinishEvent | None = None
+        stop = self._stop_matcher(request)
         async for event in self.events(request):
-            if isinstance(event, TokenEvent) and first_token is None:
-                first_token = time.monotonic() - request.arrival
+            if isinstance(event, TokenEvent):
+                if first_token is None:
+                    first_token = time.monotonic() - request.arrival
+                if stop is not None and not stop.stopped:
+                    stop.add((event.token_id,))
+                    if stop.kept is not None:  # a stop string: the engine ends it there
+                        request.finish_at(stop.kept)
             elif isinstance(event, FinishEvent):
                 final = event
         assert final is not None  # the engine always ends a request with Finish or Error
-        return self._generated(final, request, first_token)
+        return self._generated(final, request, first_token, stop)
+
+    def _stop_matcher(self, request: GenerationRequest) -> StopMatcher | None:
+        """The request's stop strings' matcher; None without any."""
+        if not request.options.stop:
+            return None
+        return StopMatcher(self.tokenizer, request.options.stop, len(request.prefix))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[StreamDelta | Generated]:
         """Text deltas as tokens arrive, then the final ``Generated``.
@@ -438,9 +467,12 @@ class ServedGenerator(ServedEntry):
         delta, so a slow stream costs fewer messages instead of falling further behind.
         """
         text = IncrementalDetokenizer(self.tokenizer)
+        stop = self._stop_matcher(request)
         first_token: float | None = None
         async for chunk in self.engine.generate_chunks(request):
             tokens = [e for e in chunk if isinstance(e, TokenEvent)]
+            if stop is not None:  # none past a stop string; text that may be one held back
+                tokens = tokens[: stop.add([e.token_id for e in tokens])]
             if tokens:
                 if first_token is None:
                     first_token = time.monotonic() - request.arrival
@@ -448,26 +480,37 @@ class ServedGenerator(ServedEntry):
                 log_probs = None
                 if request.options.return_log_probs:
                     log_probs = [e.log_prob or 0.0 for e in tokens]
-                yield StreamDelta(text.add(ids), ids, tokens[0].index, log_probs)
+                delta = text.add(ids) if stop is None else stop.release()
+                yield StreamDelta(delta, ids, tokens[0].index, log_probs)
+                if stop is not None and stop.kept is not None:
+                    request.finish_at(stop.kept)  # the engine ends it there
             final = chunk[-1]
             if isinstance(final, ErrorEvent):
                 raise final.error
             if isinstance(final, FinishEvent):
-                result = self._generated(final, request, first_token)
-                if rest := text.rest(result.text):
-                    yield StreamDelta(rest, [], len(final.tokens))
+                result = self._generated(final, request, first_token, stop)
+                rest = text.rest(result.text) if stop is None else stop.rest(result.text)
+                if rest:
+                    yield StreamDelta(rest, [], len(result.token_ids))
                 yield result
 
     def _generated(
-        self, final: FinishEvent, request: GenerationRequest, first_token: float | None
+        self,
+        final: FinishEvent,
+        request: GenerationRequest,
+        first_token: float | None,
+        stop: StopMatcher | None = None,
     ) -> Generated:
         if (trace := tracing.current.get()) is not None:
             queued = request.arrival
             started = queued + final.queue_seconds
             trace.span(queued, started, started + final.compute_seconds)
         decode = self.tokenizer.decode
+        if stop is not None and stop.kept is not None:
+            final = _stopped(final, stop.kept)
+        text = decode(final.tokens)
         return Generated(
-            text=decode(final.tokens),
+            text=text if stop is None else stop.final_text(text),
             token_ids=list(final.tokens),
             finish_reason=final.reason,
             score=final.score,

@@ -152,6 +152,56 @@ class TargetPrefix:
         )
 
 
+class BadWords:
+    """Bad words of a generation model: each text as the token sequences that would write it.
+
+    A word is tokenized alone and after a space, as vLLM's ``bad_words`` are: with a byte-level
+    BPE (GPT-2) ``"triangle"`` and ``" triangle"`` are different tokens, the second the word
+    inside a sentence; with SentencePiece (Marian) both give the same pieces, kept once.
+
+    Args:
+        model: the model's name (for messages).
+        tokenizer: the model's tokenizer (``encode_target``).
+    """
+
+    def __init__(self, model: str, tokenizer: TextTokenizer) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @functools.lru_cache(maxsize=256)  # noqa: B019 (one per served model, which lives long)
+    def ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """The token sequences of ``words`` (``DecodingOptions.bad_words``, checked there).
+
+        Raises:
+            InvalidArgument: a word tokenizes to special tokens (characters the vocabulary
+                lacks become ``<unk>``): banning those would ban what the model cannot spell.
+        """
+        sequences: dict[tuple[int, ...], None] = {}
+        for word in words:
+            alone = tuple(self.tokenizer.encode_target(word.lstrip()))
+            self._check(word, alone)
+            sequences[alone] = None
+            spaced = tuple(self.tokenizer.encode_target(" " + word.lstrip()))
+            self._check(word, spaced)
+            sequences[spaced] = None
+        return tuple(sequences)
+
+    def _check(self, word: str, ids: tuple[int, ...]) -> None:
+        special = self.tokenizer.special_ids
+        if not ids:
+            raise InvalidArgument(
+                f"the bad word {word[:40]!r} tokenizes to nothing for model {self.model!r}: "
+                "send a word with characters the model writes"
+            )
+        if bad := [token for token in ids if token in special]:
+            pieces = ", ".join(repr(self.tokenizer.id_to_token(t)) for t in bad[:3])
+            raise InvalidArgument(
+                f"the bad word {word[:40]!r} tokenizes to special tokens of model "
+                f"{self.model!r} ({pieces}: characters its vocabulary lacks, or a special token "
+                "written out); send text the model writes"
+            )
+
+
 def longest_token(tokenizer: TextTokenizer) -> int:
     """Characters of the tokenizer's longest vocabulary entry (at least 1)."""
     chars = 1

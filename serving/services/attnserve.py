@@ -46,6 +46,8 @@ def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
         ),
         no_repeat_ngram_size=message.no_repeat_ngram_size,
         return_log_probs=message.return_log_probs,
+        bad_words=tuple(message.bad_words),
+        stop=tuple(message.stop),
     )
 
 

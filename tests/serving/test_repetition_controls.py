@@ -28,11 +28,11 @@ import grpc  # noqa: E402
 
 import attnserve_cli  # noqa: E402
 from serving.client import AttnServeClient, ClientError  # noqa: E402
-from serving.generation.repetition import RepetitionRules  # noqa: E402
+from serving.generation.history_rules import HistoryRules  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
-from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, hf_generated, marian_texts  # noqa: E402
 from tests.serving.frontends import two_frontends  # noqa: E402
+from tests.serving.hf_marian import generate, load_marian, translate  # noqa: E402
 from tests.serving.hf_streams import stream_log_probs  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
@@ -68,7 +68,7 @@ def test_rules_are_hf_logits_processors(
     scores = np.asarray(
         data.draw(st.lists(st.floats(-5, 5, width=32), min_size=vocab, max_size=vocab))
     )
-    rules = RepetitionRules(penalty, ngram, start)
+    rules = HistoryRules(penalty, ngram, start)
     ours = scores.copy()
     rules.apply(ours, generated)
     ids = torch.tensor([[start, *generated.tolist()]])
@@ -83,9 +83,9 @@ def test_rules_are_hf_logits_processors(
 def test_the_rules_of_options() -> None:
     from serving.generation.options import DecodingOptions
 
-    assert RepetitionRules.of(DecodingOptions(), 5) is None  # the fast greedy path stays
-    rules = RepetitionRules.of(DecodingOptions(repetition_penalty=2.0), 5)
-    assert rules == RepetitionRules(2.0, 0, 5)
+    assert HistoryRules.of(DecodingOptions(), 5) is None  # the fast greedy path stays
+    rules = HistoryRules.of(DecodingOptions(repetition_penalty=2.0), 5)
+    assert rules == HistoryRules(2.0, 0, 5)
     assert rules.history(np.array([7, 8])).tolist() == [5, 7, 8]
 
 
@@ -94,29 +94,7 @@ def test_the_rules_of_options() -> None:
 
 @pytest.fixture(scope="module")
 def marian(hf_sources: dict[str, Path]) -> dict[str, Any]:
-    directory = hf_sources["marian"]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = transformers.MarianMTModel.from_pretrained(directory).eval()
-    texts = marian_texts(TEXTS, seed=11)
-    return {"tokenizer": tokenizer, "model": model, "texts": texts}
-
-
-def generate(marian: dict[str, Any], texts: list[str], **options: Any) -> list[list[int]]:
-    """``generate``'s ids of ``texts`` (no start token, cut at EOS) with ``options``."""
-    tokenizer = marian["tokenizer"]
-    with torch.no_grad():
-        rows = marian["model"].generate(
-            **tokenizer(texts, return_tensors="pt", padding=True),
-            do_sample=False,
-            max_length=MARIAN_MAX_LENGTH,
-            **options,
-        )
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    return [hf_generated(row, eos, pad) for row in rows.tolist()]
-
-
-def translate(hf_client: AttnServeClient, texts: list[str], **options: Any) -> list[list[int]]:
-    return [r.token_ids for r in hf_client.translate(texts, to="de", model="marian", **options)]
+    return load_marian(hf_sources["marian"], TEXTS)
 
 
 def _name(controls: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ MODEL_STATE_LOADING: ModelState
 MODEL_STATE_UNAVAILABLE: ModelState
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size", "return_log_probs")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size", "return_log_probs", "bad_words", "stop")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,8 @@ class DecodingOptions(_message.Message):
     REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
     NO_REPEAT_NGRAM_SIZE_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     beam_size: int
@@ -55,7 +57,9 @@ class DecodingOptions(_message.Message):
     repetition_penalty: float
     no_repeat_ngram_size: int
     return_log_probs: bool
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., return_log_probs: _Optional[bool] = ...) -> None: ...
+    bad_words: _containers.RepeatedScalarFieldContainer[str]
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., return_log_probs: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
     __slots__ = ("text", "token_ids", "score", "finish_reason", "token_log_probs")

@@ -1,14 +1,18 @@
-"""Repetition controls of one sequence: ``repetition_penalty`` and ``no_repeat_ngram_size``.
+"""Rules over one sequence's history: ``repetition_penalty``, ``no_repeat_ngram_size`` and bad
+words.
 
-The semantics are Hugging Face ``generate``'s (``RepetitionPenaltyLogitsProcessor`` and
-``NoRepeatNGramLogitsProcessor``), which CTranslate2's options of the same names follow:
+The semantics are Hugging Face ``generate``'s (``RepetitionPenaltyLogitsProcessor``,
+``NoRepeatNGramLogitsProcessor`` and ``NoBadWordsLogitsProcessor``), which CTranslate2's options
+of the same names (and its ``suppress_sequences``) follow:
 
 - the history is the decoder's input so far: the decoder start token, then every generated token;
 - ``repetition_penalty`` p: every token id in the history (once, however often it occurs) has its
   score s replaced by ``s * p`` where s < 0 and ``s / p`` otherwise (p > 1 discourages repeats,
   p < 1 encourages them, 1 is off);
 - ``no_repeat_ngram_size`` n: a token that would complete an n-gram the history already holds
-  gets -inf (n = 1: every token of the history; fewer than n - 1 tokens: nothing is banned).
+  gets -inf (n = 1: every token of the history; fewer than n - 1 tokens: nothing is banned);
+- bad words (token sequences, ``bad_words``): a one-token word's token always gets -inf; a longer
+  word's last token gets -inf where the history ends with the word's other tokens.
 
 Greedy decoding and sampling apply them to the raw logits, before the model's token rules
 (suppressed ids, ``min_new_tokens``, the forced EOS) and before temperature, top-k and top-p;
@@ -18,7 +22,7 @@ does (``serving.generation.beam``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -27,25 +31,40 @@ from serving.generation.options import DecodingOptions
 
 
 @dataclass(frozen=True)
-class RepetitionRules:
-    """A sequence's repetition controls (see the module docstring).
+class HistoryRules:
+    """A sequence's repetition controls and bad words (see the module docstring).
 
     Attributes:
         penalty: ``repetition_penalty``, above 0; 1 = off.
         ngram: ``no_repeat_ngram_size``, 0 = off.
         start_id: the decoder start token, the history's first token.
+        bad_words: token sequences never generated (each non-empty).
     """
 
     penalty: float
     ngram: int
     start_id: int
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    _always: np.ndarray = field(init=False, repr=False, compare=False)
+    _longer: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # one-token words: banned at every step, in one assignment
+        singles = sorted({word[0] for word in self.bad_words if len(word) == 1})
+        object.__setattr__(self, "_always", np.asarray(singles, dtype=np.int64))
+        longer = tuple(word for word in self.bad_words if len(word) > 1)
+        object.__setattr__(self, "_longer", longer)
 
     @classmethod
-    def of(cls, options: DecodingOptions, start_id: int) -> RepetitionRules | None:
-        """The rules a request asks for; None where it asks for none (the fast paths)."""
-        if options.repetition_penalty == 1 and options.no_repeat_ngram_size == 0:
+    def of(
+        cls, options: DecodingOptions, start_id: int, bad_words: tuple[tuple[int, ...], ...] = ()
+    ) -> HistoryRules | None:
+        """The rules a request asks for (``bad_words``: its bad words' token sequences); None
+        where it asks for none (the fast paths)."""
+        if options.repetition_penalty == 1 and options.no_repeat_ngram_size == 0 and not bad_words:
             return None
-        return cls(float(options.repetition_penalty), int(options.no_repeat_ngram_size), start_id)
+        penalty, ngram = float(options.repetition_penalty), int(options.no_repeat_ngram_size)
+        return cls(penalty, ngram, start_id, bad_words)
 
     def history(self, generated: np.ndarray) -> np.ndarray:
         """The decoder's input so far: the start token, then the ``generated`` tokens."""
@@ -63,6 +82,11 @@ class RepetitionRules:
             penalise(scores, history, self.penalty)
         if self.ngram > 0:
             scores[banned_tokens(history, self.ngram)] = -np.inf
+        if self.bad_words:
+            scores[self._always[self._always < scores.size]] = -np.inf
+            for token in completing_tokens(history, self._longer):
+                if token < scores.size:
+                    scores[token] = -np.inf
 
 
 def penalise(scores: np.ndarray, history: np.ndarray, penalty: float) -> None:
@@ -84,3 +108,15 @@ def banned_tokens(history: np.ndarray, size: int) -> np.ndarray:
     windows = sliding_window_view(history, size)
     tail = history[length - size + 1 :]
     return windows[(windows[:, :-1] == tail).all(axis=1), -1]
+
+
+def completing_tokens(history: np.ndarray, words: tuple[tuple[int, ...], ...]) -> list[int]:
+    """The last token of every word (of two tokens or more) whose other tokens end ``history``
+    (``NoBadWordsLogitsProcessor``'s banned tokens)."""
+    banned = []
+    length = len(history)
+    for word in words:
+        head = len(word) - 1
+        if head <= length and all(int(history[length - head + i]) == word[i] for i in range(head)):
+            banned.append(word[-1])
+    return banned
