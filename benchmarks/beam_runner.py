@@ -92,6 +92,8 @@ class AttnServeBeamRunner(Runner):
         self.beam_size = beam_size
         self.controls = dict(controls or {})  # repetition_penalty, no_repeat_ngram_size
         self.prefix_tokens = int(self.controls.pop("prefix_tokens", 0))
+        # bad words as token ids (the served model tokenizes a request's texts into these)
+        self.bad_words = tuple(tuple(w) for w in self.controls.pop("bad_words_ids", ()))
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.model.start())
 
@@ -107,6 +109,8 @@ class AttnServeBeamRunner(Runner):
             self.model.request(options, source_ids=row, prefix=tuple(row[:k].tolist()))
             for row in ids
         ]
+        for request in requests:
+            request.bad_words = self.bad_words
         return list(await asyncio.gather(*(self.model.generate(r) for r in requests)))
 
     def run(self, ids: np.ndarray) -> np.ndarray:

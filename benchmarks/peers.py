@@ -172,6 +172,8 @@ class CTranslate2Runner(Runner):
         # each row's first source tokens (``target_prefix``)
         self.controls = dict(controls or {})
         self.prefix_tokens = int(self.controls.pop("prefix_tokens", 0))
+        if bad := self.controls.pop("bad_words_ids", None):  # as tokens: suppress_sequences
+            self.controls["suppress_sequences"] = [[vocabulary[i] for i in w] for w in bad]
         self.translator = ctranslate2.Translator(
             str(model_dir),
             device=device,

@@ -1,7 +1,7 @@
 """Repetition controls, scores and target prefixes against CTranslate2 and Hugging Face
 ``generate``, same model, same run.
 
-    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both,scores,prefix]
+    python -m benchmarks.repetition_controls [--setups none,penalty,ngram,both,scores,prefix,...]
         [--beam-sizes 1,4] [--precisions fp32] [--batches 1,16] [--new-tokens 32]
         [--repetitions 3] [--out DIR] [--tiny]
 
@@ -15,7 +15,10 @@ attnserve's ``return_log_probs``, CTranslate2's ``return_scores``, ``generate``'
 each row's first 8 source tokens, which attnserve feeds one a decode step, CTranslate2 and
 ``generate`` in one decoder pass; ``samples``: 5 random samples of each row, attnserve's
 ``num_alternatives``, CTranslate2's ``num_hypotheses``, ``generate``'s ``num_return_sequences``,
-all 5 counted) and beam size,
+all 5 counted; ``bad_words``: 16 bad words of one and two tokens, attnserve's ``bad_words``,
+CTranslate2's ``suppress_sequences``, ``generate``'s ``bad_words_ids``; ``stop``: a stop string
+no output holds, attnserve's ``stop``, the peers plain: its cost alone)
+and beam size,
 ``benchmarks.beam_search``'s runners (the served engine, CTranslate2's thread splits, HF
 ``generate`` with its KV cache) on the engine benchmark's random Marian model (Marian-base shape,
 or the CI's tiny one with ``--tiny``) decode exactly ``--new-tokens`` tokens per row,
@@ -43,6 +46,10 @@ def same(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {factory: options for factory in FACTORIES}
 
 
+# 8 one-token and 8 two-token bad words, ids within the tiny model's vocabulary too
+BAD_WORDS = [[20 + 7 * i] for i in range(8)] + [[101 + 9 * i, 103 + 9 * i] for i in range(8)]
+STOP = "\u2407"  # a character no vocabulary entry holds: the check runs, nothing stops
+
 # per setup, each runner factory's decoding options
 SETUPS: dict[str, dict[str, dict[str, Any]]] = {
     "none": same({}),
@@ -66,8 +73,17 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
         "ctranslate2": {"sampling_topk": 0, "sampling_temperature": 1.0, "num_hypotheses": 5},
         "hf": {"do_sample": True, "temperature": 1.0, "top_k": 0, "num_return_sequences": 5},
     },
+    # BAD_WORDS as token ids: attnserve's bad words (a request's ``bad_words``, tokenized),
+    # CTranslate2's suppress_sequences, generate's bad_words_ids
+    "bad_words": same({"bad_words_ids": BAD_WORDS}),
+    # a stop string no output holds (greedy search only): attnserve matches each row's decoded
+    # text as its tokens arrive; the peers decode plainly (CTranslate2 has no stop strings, its
+    # end_token is a token; generate's stop_strings cannot read the benchmark model's synthetic
+    # vocabulary: its vocabulary cleaning tokenizes "abcdef", which that vocabulary cannot spell)
+    "stop": {"attnserve-beam": {"stop": [STOP]}, "ctranslate2": {}, "hf": {}},
 }
 SAMPLES = 5  # outputs per row in the ``samples`` setup
+GREEDY_ONLY = ("samples", "stop")  # setups without beam search
 
 
 def setup_controls(setup: str, beam_size: int) -> dict[str, dict[str, Any]]:
@@ -130,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for beam_size in beams:
         for setup in setups:
-            if setup == "samples" and beam_size > 1:
-                continue  # sampling has no beams
+            if setup in GREEDY_ONLY and beam_size > 1:
+                continue  # sampling has no beams; a beam has no single text to stop
             log(f"setup {setup}, beam size {beam_size}")
             for point in measure(
                 precisions,

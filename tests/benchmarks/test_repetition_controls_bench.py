@@ -118,3 +118,46 @@ def test_the_runners_decode_after_the_same_target_prefix(beam_size: int) -> None
             np.testing.assert_array_equal(served, ct2.run(ids))
         outputs[bool(setup)] = served
     assert not np.array_equal(outputs[False], outputs[True])
+
+
+@pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_runners_decode_without_the_same_bad_words(beam_size: int) -> None:
+    """With the ``bad_words`` setup the served engine's tokens are ``generate``'s with
+    ``bad_words_ids`` and CTranslate2's with ``suppress_sequences``, hold none of the words,
+    and differ from those without them."""
+    from benchmarks.marian import TINY, source_ids, vocabulary
+    from benchmarks.peers import CTranslate2Runner, convert_ctranslate2
+
+    cache, marian_dir, entry = _tiny()
+    ids = source_ids(np.random.default_rng(5), 6, 12, TINY)
+    setup = repetition_controls.SETUPS["bad_words"]["attnserve-beam"]
+    plain = _served_as_hf(entry, marian_dir, ids, beam_size, {})
+    banned = _served_as_hf(entry, marian_dir, ids, beam_size, setup)
+    model = convert_ctranslate2(marian_dir, cache, "float32")
+    ct2 = CTranslate2Runner(
+        model, vocabulary(TINY), "fp32", 9, 1, 1, beam_size=beam_size, controls=setup
+    )
+    np.testing.assert_array_equal(banned, ct2.run(ids))
+    assert not np.array_equal(plain, banned)
+    for row in banned.tolist():
+        for word in repetition_controls.BAD_WORDS:
+            assert all(row[i : i + len(word)] != word for i in range(len(row)))
+
+
+@pytest.mark.skipif(not PEERS, reason="needs transformers (the reference)")
+def test_the_stop_setup_stops_nothing() -> None:
+    """The ``stop`` setup's stop string is checked and never found: the served engine's tokens
+    are those without it, so the setup times the check alone."""
+    from benchmarks.beam_runner import AttnServeBeamRunner
+    from benchmarks.marian import TINY, source_ids
+
+    _, marian_dir, entry = _tiny()
+    ids = source_ids(np.random.default_rng(6), 3, 12, TINY)
+    plain = _served_as_hf(entry, marian_dir, ids, 1, {})
+    stop = repetition_controls.SETUPS["stop"]["attnserve-beam"]
+    ours = AttnServeBeamRunner(entry, "fp32", 9, 1, 1, 3, controls=stop)
+    try:
+        np.testing.assert_array_equal(ours.run(ids), plain)
+    finally:
+        ours.close()
