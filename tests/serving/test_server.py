@@ -109,6 +109,24 @@ def test_target_prefixes_of_the_shipped_models(shipped: ServerThread) -> None:
     assert again.token_ids == caption.token_ids and again.text == caption.text
 
 
+def test_bad_words_and_stop_strings_of_the_shipped_models(shipped: ServerThread) -> None:
+    """The README's examples: a banned word leaves the caption (another shape takes its place),
+    a stop string ends it just before, and the translator writes no banned word."""
+    (image, _), *_ = shapes.generate(1, seed=0, split="test")
+    png = encode_png(image)
+    with AttnServeClient(shipped.address) as client:
+        caption = client.caption(png)
+        banned = client.caption(png, bad_words=["triangle"])
+        stopped = client.caption(png, stop=[" above"])
+        (plain,) = client.translate(["forty-two"], to="de")
+        (without,) = client.translate(["forty-two"], to="de", bad_words=["zwei"])
+    assert "triangle" in caption.text and " above" in caption.text
+    assert "triangle" not in banned.text and banned.text != caption.text
+    assert stopped.text == caption.text[: caption.text.index(" above")]
+    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < len(caption.token_ids)
+    assert plain.text == "zweiundvierzig" and "zwei" not in without.text
+
+
 def test_classify_digits(shipped: ServerThread) -> None:
     images, labels = digits.load_digits_split("test")
     with AttnServeClient(shipped.address) as client:

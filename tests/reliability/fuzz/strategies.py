@@ -73,6 +73,8 @@ TEXTS = [
     "x" * 300,
 ]
 texts = st.one_of(st.sampled_from(TEXTS), st.text(max_size=80))
+# bad words and stop strings: ordinary ones, blank, special tokens, outside the vocabulary, long
+WORDS = ["drei", "zwei", "\n", ".", " ", "", "</s>", "<unk>", "日本", "x" * 300, "🙂"]
 
 
 @st.composite
@@ -97,7 +99,16 @@ def decoding_options(draw: st.DrawFn) -> pb.DecodingOptions:
     ):
         if draw(st.integers(0, 3)) == 0:
             setattr(options, name, draw(values))
+    for name in ("bad_words", "stop"):  # lists of texts: ordinary, blank, huge, too many
+        if draw(st.integers(0, 3)) == 0:
+            getattr(options, name).extend(draw(word_lists))
     return options
+
+
+word_lists = st.one_of(
+    st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=12)), max_size=5),
+    st.lists(st.sampled_from(WORDS), min_size=60, max_size=80),
+)
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

@@ -41,6 +41,8 @@ INPUT_NAMES = [
     "target_language",
     "target_prefix",
     "prefix",
+    "bad_words",
+    "stop",
     "image",
     "pixel_values",
     "caption",
