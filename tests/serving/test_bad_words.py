@@ -173,9 +173,12 @@ def test_greedy_with_bad_words_is_generate(
 def test_beam_search_with_bad_words_is_generate(
     hf_client: AttnServeClient, captioner: dict[str, Any]
 ) -> None:
+    """Beam search renormalises each beam's log-probabilities after the bans, as ``generate``
+    with ``renormalize_logits`` (Marian's generation configs set it)."""
     words, ids = captioner["words"], captioner["ids"]
-    expected = caption_ids(captioner, num_beams=4, bad_words_ids=[list(i) for i in ids])
-    assert expected != caption_ids(captioner, num_beams=4)
+    beams = {"num_beams": 4, "renormalize_logits": True}
+    expected = caption_ids(captioner, bad_words_ids=[list(i) for i in ids], **beams)
+    assert expected != caption_ids(captioner, **beams)
     served = [
         hf_client.caption(data, model="hf-captioner", beam_size=4, bad_words=words).token_ids
         for data in captioner["images"]
