@@ -7,6 +7,7 @@ and message.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -132,14 +133,7 @@ class TargetPrefix:
         if len(text) > self.max_chars:  # surely too long: refuse without tokenizing
             raise self._too_long(f"{len(text)} characters")
         ids = self.tokenizer.encode_target(text)
-        special = self.tokenizer.special_ids
-        if bad := [token for token in ids if token in special]:
-            pieces = ", ".join(repr(self.tokenizer.id_to_token(t)) for t in bad[:3])
-            raise InvalidArgument(
-                f"the target prefix {text[:40]!r} tokenizes to special tokens of model "
-                f"{self.model!r} ({pieces}: characters its vocabulary lacks, or a special token "
-                "written out); send text the model writes"
-            )
+        refuse_special(self.tokenizer, ids, f"the target prefix {text[:40]!r}", self.model)
         if len(ids) > self.max_tokens:
             raise self._too_long(f"{len(ids)} tokens")
         return tuple(ids)
@@ -187,19 +181,24 @@ class BadWords:
         return tuple(sequences)
 
     def _check(self, word: str, ids: tuple[int, ...]) -> None:
-        special = self.tokenizer.special_ids
         if not ids:
             raise InvalidArgument(
                 f"the bad word {word[:40]!r} tokenizes to nothing for model {self.model!r}: "
                 "send a word with characters the model writes"
             )
-        if bad := [token for token in ids if token in special]:
-            pieces = ", ".join(repr(self.tokenizer.id_to_token(t)) for t in bad[:3])
-            raise InvalidArgument(
-                f"the bad word {word[:40]!r} tokenizes to special tokens of model "
-                f"{self.model!r} ({pieces}: characters its vocabulary lacks, or a special token "
-                "written out); send text the model writes"
-            )
+        refuse_special(self.tokenizer, ids, f"the bad word {word[:40]!r}", self.model)
+
+
+def refuse_special(tokenizer: TextTokenizer, ids: Sequence[int], what: str, model: str) -> None:
+    """InvalidArgument where ``ids`` (the tokens of ``what``, a text a request gave) hold a
+    special token: a piece outside the vocabulary that became ``<unk>``, or EOS written out."""
+    special = tokenizer.special_ids
+    if bad := [token for token in ids if token in special]:
+        pieces = ", ".join(repr(tokenizer.id_to_token(t)) for t in bad[:3])
+        raise InvalidArgument(
+            f"{what} tokenizes to special tokens of model {model!r} ({pieces}: characters its "
+            "vocabulary lacks, or a special token written out); send text the model writes"
+        )
 
 
 def longest_token(tokenizer: TextTokenizer) -> int:

@@ -278,6 +278,28 @@ def test_kserve_and_two_frontend_processes(
             assert "".join(streamed) == result.text == cut[0]
 
 
+def test_a_kserve_stream_never_sends_a_stop_string(
+    hf_server: ServerThread, marian: dict[str, Any]
+) -> None:
+    texts, stops = marian["texts"][:6], marian["stops"]
+    expected = _stopped(marian, texts, stops)
+    decode = marian["tokenizer"].decode
+    with grpc.insecure_channel(hf_server.address) as channel:
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        for text, ids in zip(texts, expected, strict=True):
+            request = infer_request(
+                "marian",
+                ("text", "BYTES", [text.encode()]),
+                ("stop", "BYTES", [s.encode() for s in stops]),
+            )
+            responses = [m.infer_response for m in stub.ModelStreamInfer(iter([request]))]
+            outputs = [decode_outputs(r) for r in responses if "translation" in decode_outputs(r)]
+            deltas = [o["translation"].reshape(-1)[0].decode() for o in outputs]
+            streamed = [int(t) for o in outputs for t in o["token_ids"].reshape(-1) if t >= 0]
+            assert "".join(deltas) == _cut(decode(ids, skip_special_tokens=True), stops)
+            assert streamed == ids
+
+
 def test_the_cli_passes_stop_strings(
     hf_server: ServerThread, marian: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

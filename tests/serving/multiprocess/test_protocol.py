@@ -15,6 +15,7 @@ from serving.errors import DeadlineExceeded, Internal, ResourceExhausted
 from serving.generation.options import DecodingOptions
 from serving.multiprocess.protocol import (
     ProtocolError,
+    bad_words_from,
     decode,
     encode,
     event_from,
@@ -112,8 +113,12 @@ def test_a_foreign_exception_travels_as_internal() -> None:
 def test_decoding_options_round_trip() -> None:
     options = DecodingOptions(max_new_tokens=9, beam_size=3, top_p=0.5, seed=2**64 - 1)
     assert options_from(msgpack.unpackb(msgpack.packb(options_payload(options)))) == options
+    listed = DecodingOptions(bad_words=("drei", "und"), stop=("\n", "."))  # tuples come back
+    assert options_from(msgpack.unpackb(msgpack.packb(options_payload(listed)))) == listed
     with pytest.raises(ProtocolError):
         options_from({"beams": 3})
+    with pytest.raises(ProtocolError, match="expected a map"):
+        options_from([1, 2])
 
 
 WIRE_INTS = st.integers(-(2**63), 2**64 - 1)  # what msgpack carries
@@ -140,6 +145,32 @@ def test_a_target_prefix_survives_the_wire_or_is_refused(payload: object) -> Non
     else:
         with pytest.raises(ProtocolError, match="bad target prefix"):
             prefix_from(wired)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payload=st.one_of(
+        st.lists(st.lists(st.integers(0, 2**40), max_size=4), max_size=6),
+        st.lists(st.one_of(st.lists(WIRE_INTS, max_size=3), st.text(), WIRE_INTS), max_size=3),
+        st.text(),
+        st.none(),
+    )
+)
+def test_bad_words_survive_the_wire_or_are_refused(payload: object) -> None:
+    """A ``generate`` header's bad words (lists of token ids, none empty) come back as they
+    went; anything else is refused."""
+    wired = msgpack.unpackb(msgpack.packb({"bad_words": payload}))["bad_words"]
+    valid = isinstance(payload, list) and all(
+        isinstance(word, list)
+        and word
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in word)
+        for word in payload
+    )
+    if valid:
+        assert bad_words_from(wired) == tuple(tuple(w) for w in payload)  # type: ignore[union-attr]
+    else:
+        with pytest.raises(ProtocolError, match="bad bad_words"):
+            bad_words_from(wired)
 
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
