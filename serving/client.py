@@ -31,6 +31,7 @@ FINISH_NAMES = {
     pb.FINISH_REASON_STOP: "stop",
     pb.FINISH_REASON_LENGTH: "length",
     pb.FINISH_REASON_CANCELLED: "cancelled",
+    pb.FINISH_REASON_STOP_SEQUENCE: "stop_sequence",
 }
 
 

@@ -348,7 +348,7 @@ class InFlightEngine:
                     self._outbox.post(request, ErrorEvent(Cancelled("the request was cancelled")))
                 else:  # a stop string: the output ends with its first ``keep`` tokens
                     generated = int(self._state.generated[seq.slot])
-                    self._finish(seq, "stop", min(request.keep, generated), eos=False)
+                    self._finish(seq, "stop_sequence", min(request.keep, generated))
             elif request.deadline is not None and now >= request.deadline:
                 gone.append(index)
                 self._outbox.post(request, ErrorEvent(_deadline_error(self.name)))
@@ -723,14 +723,14 @@ class InFlightEngine:
             return self._finish_beam(seq)
         return False
 
-    def _finish(self, seq: ActiveSequence, reason: str, count: int, eos: bool = True) -> bool:
+    def _finish(self, seq: ActiveSequence, reason: str, count: int) -> bool:
         """Post the sequence's finish with its first ``count`` tokens (and, with
         ``return_log_probs``, their log-probabilities and their sum as the score, with EOS's
-        where it ended with one: reason "stop" and ``eos``)."""
+        where it ended with one: reason "stop")."""
         tokens = self._state.tokens_of(seq.slot, count)
         if not seq.options.return_log_probs:
             return self._post_finish(seq, reason=reason, tokens=tokens)
-        chosen = self._state.log_probs[seq.slot, : count + (reason == "stop" and eos)]
+        chosen = self._state.log_probs[seq.slot, : count + (reason == "stop")]
         log_probs = chosen[:count].tolist()
         score = float(chosen.sum())
         return self._post_finish(

@@ -36,7 +36,9 @@ class TokenEvent:
 class FinishEvent:
     """The end of a sequence: its tokens (without EOS) and how it ended."""
 
-    reason: str  # "stop" (EOS) | "length" (max_new_tokens or the position table)
+    # "stop" (EOS) | "length" (max_new_tokens or the position table) | "stop_sequence" (a stop
+    # string: ``GenerationRequest.finish_at``)
+    reason: str
     tokens: list[int]
     score: float | None = None  # beam search: length-penalised log-probability; else the
     # sum of the chosen tokens' log-probabilities, EOS included (``return_log_probs``)
@@ -119,7 +121,8 @@ class GenerationRequest:
 
     def finish_at(self, tokens: int) -> None:
         """End this request with its first ``tokens`` tokens (a stop string appeared in its
-        text): the engine finishes it with reason "stop" before its next step, as for a cancel,
+        text): the engine finishes it with reason "stop_sequence" before its next step, as for a
+        cancel,
         and frees its rows; a request that already ended keeps its own finish."""
         self.keep = tokens
         self.cancel()

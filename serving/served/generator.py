@@ -53,7 +53,7 @@ class Alternative:
     text: str
     token_ids: list[int]
     score: float
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | stop_sequence
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
 
 
@@ -63,7 +63,7 @@ class Generated:
 
     text: str
     token_ids: list[int]
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | stop_sequence
     score: float | None = None
     alternatives: list[Alternative] = field(default_factory=list)
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
@@ -96,13 +96,13 @@ def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> lis
 
 
 def _stopped(final: FinishEvent, kept: int) -> FinishEvent:
-    """``final`` as a stop string ended it: its first ``kept`` tokens, reason "stop", and with
-    log-probabilities their sum as the score (the engine may have chosen more before it heard
-    of the stop, or ended the sequence by itself)."""
+    """``final`` as a stop string ended it: its first ``kept`` tokens, reason "stop_sequence",
+    and with log-probabilities their sum as the score (the engine may have chosen more before it
+    heard of the stop, or ended the sequence by itself)."""
     log_probs = None if final.log_probs is None else final.log_probs[:kept]
     score = final.score if log_probs is None else float(sum(log_probs))
     return replace(
-        final, reason="stop", tokens=final.tokens[:kept], log_probs=log_probs, score=score
+        final, reason="stop_sequence", tokens=final.tokens[:kept], log_probs=log_probs, score=score
     )
 
 

@@ -25,6 +25,7 @@ FINISH = {
     "stop": pb.FINISH_REASON_STOP,
     "length": pb.FINISH_REASON_LENGTH,
     "cancelled": pb.FINISH_REASON_CANCELLED,
+    "stop_sequence": pb.FINISH_REASON_STOP_SEQUENCE,
 }
 DEFAULT_MODELS = {"translate": "translator", "caption": "captioner", "classify": "vit"}
 

@@ -123,7 +123,8 @@ def test_bad_words_and_stop_strings_of_the_shipped_models(shipped: ServerThread)
     assert "triangle" in caption.text and " above" in caption.text
     assert "triangle" not in banned.text and banned.text != caption.text
     assert stopped.text == caption.text[: caption.text.index(" above")]
-    assert stopped.finish_reason == "stop" and len(stopped.token_ids) < len(caption.token_ids)
+    assert stopped.finish_reason == "stop_sequence"
+    assert len(stopped.token_ids) < len(caption.token_ids)
     assert plain.text == "zweiundvierzig" and "zwei" not in without.text
 
 

@@ -1,10 +1,10 @@
-"""Stop strings (``stop``): the matcher against a plain reference (hypothesis, the served Marian
-tokenizer); the engine ending a request where a stop string appeared (``finish_at``); the tiny
-random MarianMTModel of ``hf_repository`` served for real: its token ids are exactly
-``generate(stop_strings=...)``'s and its text ends before the stop string, on the attnserve API,
-a stream (which never sends part of a stop string), KServe's ``stop`` input, with sampled
-alternatives and target prefixes, across two frontend processes and from the CLI; bad values
-say what to change.
+"""Stop strings (``stop``, finish reason ``stop_sequence``): the matcher against a plain
+reference (hypothesis, the served Marian tokenizer); the engine ending a request where a stop
+string appeared (``finish_at``); the tiny random MarianMTModel of ``hf_repository`` served for
+real: its token ids are exactly ``generate(stop_strings=...)``'s and its text ends before the
+stop string, on the attnserve API, a stream (which never sends part of a stop string), KServe's
+``stop`` input and stream, with sampled alternatives and target prefixes, across two frontend
+processes and from the CLI; bad values say what to change.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from serving.kserve.tensors import decode_outputs  # noqa: E402
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
+from serving.services.attnserve import FINISH  # noqa: E402
 from tests.serving.frontends import two_frontends  # noqa: E402
 from tests.serving.hf_marian import generate, load_marian, translate  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
@@ -139,7 +140,7 @@ def test_the_engine_finishes_a_request_at_the_tokens_kept(tiny_repository: Path)
         final, tokens, again = asyncio.run(run())
     finally:
         engine.stop()
-    assert final.reason == "stop"
+    assert final.reason == "stop_sequence"
     assert final.tokens == [e.token_id for e in tokens[:2]] == again.tokens[:2]
     assert final.log_probs == pytest.approx([e.log_prob for e in tokens[:2]])
     assert final.score == pytest.approx(sum(final.log_probs or []))
@@ -190,8 +191,8 @@ def test_greedy_with_stop_strings_is_generate(
     for result, ids, without in zip(served, expected, plain, strict=True):
         full = decode(ids, skip_special_tokens=True)
         assert result.text == _cut(full, stops)
-        stopped = result.token_ids != without.token_ids
-        assert result.finish_reason == ("stop" if stopped else without.finish_reason)
+        stopped = result.text != full  # a stop string appeared (perhaps in its last token)
+        assert result.finish_reason == ("stop_sequence" if stopped else without.finish_reason)
 
 
 def test_a_stream_never_sends_a_stop_string(
@@ -199,6 +200,7 @@ def test_a_stream_never_sends_a_stop_string(
 ) -> None:
     stops = marian["stops"]
     unary = hf_client.translate(marian["texts"][:10], to="de", model="marian", stop=stops)
+    assert "stop_sequence" in {r.finish_reason for r in unary}
     with grpc.insecure_channel(hf_server.address) as channel:
         stub = pb_grpc.AttnServeStub(channel)
         for text, result in zip(marian["texts"][:10], unary, strict=True):
@@ -211,7 +213,7 @@ def test_a_stream_never_sends_a_stop_string(
             messages = list(stub.TranslateStream(request, timeout=30))
             assert "".join(m.delta for m in messages) == result.text
             assert [t for m in messages for t in m.token_ids] == result.token_ids
-            assert messages[-1].finish_reason == pb.FINISH_REASON_STOP
+            assert messages[-1].finish_reason == FINISH[result.finish_reason]
             sent = ""
             for message in messages:  # no prefix of what was sent runs into a stop string
                 sent += message.delta

@@ -28,6 +28,9 @@ from tests.reliability.fuzz.strategies import (
     versions,
 )
 
+# how an answered generation may end (a stop string: STOP_SEQUENCE)
+ENDED = (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_STOP_SEQUENCE)
+
 
 # --- attnserve.v1 translation with any texts, languages, models and options -----------------------
 def check_translation(request: Any, response: Any, unary: bool) -> None:
@@ -40,12 +43,9 @@ def check_translation(request: Any, response: Any, unary: bool) -> None:
         assert len(response.translations) == len(request.texts)
         for translation in response.translations:
             assert len(translation.token_ids) <= limit
-            assert translation.finish_reason in (pb.FINISH_REASON_STOP, pb.FINISH_REASON_LENGTH)
+            assert translation.finish_reason in ENDED
     else:
-        assert response and response[-1].finish_reason in (
-            pb.FINISH_REASON_STOP,
-            pb.FINISH_REASON_LENGTH,
-        )
+        assert response and response[-1].finish_reason in ENDED
         seen = 0  # a message may carry several tokens; its index is that of its first
         for message in response:
             if message.token_ids:
