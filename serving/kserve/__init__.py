@@ -47,7 +47,10 @@ Only inputs whose generated data is valid are declared (perf_analyzer fills ever
 input with random data; random bytes are valid pixels, random floats hold NaN). Request
 parameters of the generating models: ``max_new_tokens``, ``min_new_tokens``, ``beam_size``,
 ``length_penalty``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``repetition_penalty``,
-``no_repeat_ngram_size`` (int64 / double; numeric strings too), ``return_log_probs`` (bool).
+``no_repeat_ngram_size``, ``num_alternatives`` (int64 / double; numeric strings too),
+``return_log_probs`` (bool). ``return_log_probs`` adds the output ``token_log_probs`` FP32
+[N,T], ``num_alternatives`` the outputs ``alternatives`` BYTES [N,A] and
+``alternative_scores`` FP32 [N,A] (``serving.kserve.execute``).
 Every model honours Triton's ``timeout`` parameter (microseconds) besides the gRPC deadline. A
 requested output with the ``classification`` parameter k (tritonclient's ``class_count``) comes
 back as BYTES [N,k] of "score:index:label", as Triton does.
@@ -56,7 +59,8 @@ back as BYTES [N,k] of "score:index:label", as Triton does.
 response per generated token (the text delta in the text output, its ids in ``token_ids``,
 parameters ``index`` and ``final`` false), then a last response with an empty delta and ``final``
 true (also ``triton_final_response`` true, plus ``finish_reason``, ``input_tokens``,
-``output_tokens``). Any other request on the stream (classification, N > 1, beam search) gets one
+``output_tokens``). Any other request on the stream (classification, N > 1, beam search, token
+log-probabilities, alternatives) gets one
 response with ``final`` true. A failed request gets ``error_message`` ("CODE: message") and the
 stream stays open; requests on one stream run concurrently and their responses carry the request
 ``id``.

@@ -32,6 +32,13 @@ TEXT_OUTPUT = {"translation": "translation", "captioning": "caption"}
 # with the ``return_log_probs`` parameter: each token's log-probability, FP32 [N, T] (0 where
 # ``token_ids`` pads), after the requested outputs (an output of no declared signature)
 LOG_PROBS_OUTPUT = "token_log_probs"
+# with the ``num_alternatives`` parameter: each element's beam runner-ups or further samples,
+# BYTES [N, A] ("" where an element has fewer), and their scores, FP32 [N, A] (beam scores, or
+# the samples' log-probability sums with ``return_log_probs``; NaN where missing, 0 unscored)
+ALTERNATIVES_OUTPUT = "alternatives"
+ALTERNATIVE_SCORES_OUTPUT = "alternative_scores"
+# outputs of no declared signature, added after the requested ones when the request asks for them
+EXTRA_OUTPUTS = (LOG_PROBS_OUTPUT, ALTERNATIVES_OUTPUT, ALTERNATIVE_SCORES_OUTPUT)
 Outputs = dict[str, tuple[str, Any]]  # output name -> (datatype, values)
 
 
@@ -106,7 +113,21 @@ async def generate(call: Call, model: ServedGenerator) -> Outputs:
     if jobs and jobs[0].options.return_log_probs:
         log_probs = [r.token_log_probs or [] for r in results]
         outputs[LOG_PROBS_OUTPUT] = ("FP32", _padded(log_probs, 0.0, np.float32))
+    if jobs and jobs[0].options.num_alternatives:
+        outputs.update(_alternatives(results))
     return outputs
+
+
+def _alternatives(results: list[Generated]) -> Outputs:
+    """``ALTERNATIVES_OUTPUT`` and ``ALTERNATIVE_SCORES_OUTPUT`` of the elements' results."""
+    width = max(len(r.alternatives) for r in results)
+    texts = np.full((len(results), width), b"", dtype=object)
+    scores = np.full((len(results), width), np.nan, dtype=np.float32)
+    for row, result in enumerate(results):
+        for column, alternative in enumerate(result.alternatives):
+            texts[row, column] = alternative.text.encode()
+            scores[row, column] = alternative.score
+    return {ALTERNATIVES_OUTPUT: (BYTES, texts), ALTERNATIVE_SCORES_OUTPUT: ("FP32", scores)}
 
 
 async def classify(call: Call, model: ServedClassifier) -> Outputs:
@@ -162,7 +183,7 @@ def build_response(
     response = pb.ModelInferResponse(
         model_name=model.name, model_version=str(model.version), id=call.request.id
     )
-    extra = (Wanted(LOG_PROBS_OUTPUT),) if LOG_PROBS_OUTPUT in outputs else ()
+    extra = tuple(Wanted(name) for name in EXTRA_OUTPUTS if name in outputs)
     for wanted in (*call.wanted, *extra):
         datatype, values = outputs[wanted.name]
         if wanted.classification:

@@ -15,6 +15,7 @@ INT_OPTIONS = (
     "top_k",
     "seed",
     "no_repeat_ngram_size",
+    "num_alternatives",
 )
 FLOAT_OPTIONS = ("length_penalty", "temperature", "top_p", "repetition_penalty")
 BOOL_OPTIONS = ("return_log_probs",)

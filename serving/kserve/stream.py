@@ -26,10 +26,10 @@ def _final(final: bool) -> dict[str, bool | int | str]:
 
 
 def _whole(call: Call) -> bool:
-    """Beam search settles its text only at the end, and token log-probabilities come with
-    the whole output: such requests are not streamed."""
+    """Beam search settles its text only at the end, and token log-probabilities and
+    alternatives come with the whole output: such requests are not streamed."""
     options = decoding_options(call.request.parameters)
-    return options.beam_size > 1 or options.return_log_probs
+    return options.beam_size > 1 or options.return_log_probs or bool(options.num_alternatives)
 
 
 async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
