@@ -241,6 +241,10 @@ class DecoderSpec:
     suppress_ids: tuple[int, ...] = ()
     # The last token a sequence may generate is EOS (Hugging Face ``forced_eos_token_id``).
     forced_eos: bool = False
+    # Token sequences of two or more tokens never generated, in every request (Hugging Face
+    # ``bad_words_ids`` of several tokens; ``serving.generation.history_rules``): the model's
+    # requests take the per-row path.
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         bad = [i for i in self.suppress_ids if not 0 <= i < self.vocab_size or i == self.eos_id]
@@ -248,6 +252,16 @@ class DecoderSpec:
             raise ValueError(
                 f"suppress_ids {bad} must be token ids below vocab_size {self.vocab_size}, "
                 f"other than eos_id {self.eos_id}"
+            )
+        wrong = [
+            list(w)
+            for w in self.bad_words
+            if len(w) < 2 or not all(0 <= i < self.vocab_size for i in w)
+        ]
+        if wrong:
+            raise ValueError(
+                f"bad_words {wrong} must be sequences of two or more token ids below vocab_size "
+                f"{self.vocab_size} (one token: suppress_ids)"
             )
 
 

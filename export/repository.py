@@ -130,6 +130,7 @@ def decoder_spec(config: Any, entry: EntryExtras | None = None) -> DecoderSpec:
         max_positions=config.max_positions,
         suppress_ids=entry.suppress_ids,
         forced_eos=entry.forced_eos,
+        bad_words=entry.bad_words,
     )
 
 

@@ -31,6 +31,7 @@ class EntryExtras:
     tokenizer_files: tuple[tuple[str, bytes], ...] = ()  # (name, content) for the version folder
     languages: tuple[str, ...] | None = None  # target languages; None: our tokenizer's tags
     suppress_ids: tuple[int, ...] = ()  # never generated (bad_words_ids of one token)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # bad_words_ids of several tokens
     forced_eos: bool = False  # the last position is EOS (forced_eos_token_id)
     resample: str = "bilinear"  # image resize filter
     notes: dict[str, Any] = field(default_factory=dict)  # for manifest.json: what was read

@@ -4,8 +4,9 @@
 change which token greedy decoding picks must be applied by serving too, or they are refused:
 
 - applied: ``bad_words_ids`` of one token and ``suppress_tokens`` (never generated: Marian's
-  ``[[pad]]``), ``forced_eos_token_id`` (the last position is EOS);
-- refused: ``bad_words_ids`` of several tokens, ``begin_suppress_tokens``, the encoder's
+  ``[[pad]]``), ``bad_words_ids`` of several tokens (``DecoderSpec.bad_words``: every request
+  bans them as it bans its own bad words), ``forced_eos_token_id`` (the last position is EOS);
+- refused: ``begin_suppress_tokens``, the encoder's
   repetition penalty and n-gram ban, ``min_length`` / ``min_new_tokens``,
   ``forced_bos_token_id``, ``sequence_bias``;
 - recorded, not applied: the request-level defaults (``num_beams``, ``do_sample``,
@@ -46,10 +47,12 @@ _REQUEST_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class TokenRules:
-    """The generation rules serving applies (``DecoderSpec.suppress_ids`` / ``forced_eos``)."""
+    """The generation rules serving applies (``DecoderSpec.suppress_ids`` / ``bad_words`` /
+    ``forced_eos``)."""
 
     suppress_ids: tuple[int, ...] = ()
     forced_eos: bool = False
+    bad_words: tuple[tuple[int, ...], ...] = ()
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,8 +66,9 @@ def token_rules(architecture: str, generation: Any, eos_id: int, vocab_size: int
         vocab_size: Our model's vocabulary size.
 
     Returns:
-        The suppressed ids, whether EOS is forced at the last position, and notes for the
-        manifest (the rules and the request defaults that were not applied).
+        The suppressed ids, whether EOS is forced at the last position, the banned sequences of
+        several tokens, and notes for the manifest (the rules and the request defaults that
+        were not applied).
 
     Raises:
         SourceError: For a processor serving does not apply, a forced EOS other than the
@@ -74,8 +78,9 @@ def token_rules(architecture: str, generation: Any, eos_id: int, vocab_size: int
         value = getattr(generation, name, off)
         if value not in (off, None, [], {}):
             raise unsupported(architecture, f"generation config {name}={value!r} (not applied)")
-    suppress = _single_token_bans(architecture, generation)
+    suppress, longer = _bans(generation)
     bad = [i for i in suppress if not 0 <= i < vocab_size or i == eos_id]
+    bad += [i for word in longer for i in word if not 0 <= i < vocab_size]
     if bad:
         raise unsupported(architecture, f"suppressed token ids {bad} (vocab {vocab_size}, eos)")
     forced = getattr(generation, "forced_eos_token_id", None)
@@ -90,22 +95,22 @@ def token_rules(architecture: str, generation: Any, eos_id: int, vocab_size: int
     }
     notes = {
         "suppress_ids": list(suppress),
+        "bad_words": [list(word) for word in longer],
         "forced_eos": forced is not None,
         "request_defaults_not_applied": defaults,
     }
-    return TokenRules(suppress, forced is not None, notes)
+    return TokenRules(suppress, forced is not None, longer, notes)
 
 
-def _single_token_bans(architecture: str, generation: Any) -> tuple[int, ...]:
-    """Ids of ``bad_words_ids`` entries of one token and of ``suppress_tokens``."""
+def _bans(generation: Any) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """Ids of ``bad_words_ids`` entries of one token and of ``suppress_tokens``; the entries of
+    several tokens (first occurrence order)."""
     banned: list[int] = []
+    longer: dict[tuple[int, ...], None] = {}
     for sequence in getattr(generation, "bad_words_ids", None) or []:
-        if len(sequence) != 1:
-            raise unsupported(
-                architecture,
-                f"bad_words_ids entry {list(sequence)} of {len(sequence)} tokens "
-                "(serving bans single tokens only)",
-            )
-        banned.append(int(sequence[0]))
+        if len(sequence) == 1:
+            banned.append(int(sequence[0]))
+        elif sequence:
+            longer[tuple(int(i) for i in sequence)] = None
     banned += [int(i) for i in getattr(generation, "suppress_tokens", None) or []]
-    return tuple(sorted(set(banned)))
+    return tuple(sorted(set(banned))), tuple(longer)

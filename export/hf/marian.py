@@ -83,6 +83,7 @@ class MarianLoader(ArchitectureLoader[Translator]):
             tokenizer_files=text.files,
             languages=text.languages,
             suppress_ids=rules.suppress_ids,
+            bad_words=rules.bad_words,
             forced_eos=rules.forced_eos,
             notes={"tokenizer": text.notes, "generation": rules.notes},
         )

@@ -66,6 +66,7 @@ class VisionEncoderDecoderLoader(ArchitectureLoader[Captioner]):
             tokenizer=text.spec,
             tokenizer_files=text.files,
             suppress_ids=rules.suppress_ids,
+            bad_words=rules.bad_words,
             forced_eos=rules.forced_eos,
             resample=preprocessing.resample,
             notes={

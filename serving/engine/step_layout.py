@@ -41,7 +41,9 @@ class ActiveSequence:
         self.greedy = False
         self.greedy_after = False
         self.forced_eos_at = -1
-        rules = HistoryRules.of(self.options, spec.decoder_start_id, request.bad_words)
+        # the request's bad words and the model's own (``DecoderSpec.bad_words``)
+        bad_words = request.bad_words + spec.bad_words
+        rules = HistoryRules.of(self.options, spec.decoder_start_id, bad_words)
         if self.options.beam_size > 1:
             self.beam = BeamSearch(
                 beam_size=self.options.beam_size,

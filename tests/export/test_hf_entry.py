@@ -30,6 +30,14 @@ def test_marian_generation_rules() -> None:
     assert _rules().suppress_ids == () and not _rules().forced_eos
 
 
+def test_bad_words_of_several_tokens_are_the_models_bad_words() -> None:
+    """``bad_words_ids`` entries of several tokens go to ``DecoderSpec.bad_words`` (every
+    request bans them); those of one token stay suppressed ids."""
+    rules = _rules(bad_words_ids=[[5, 6], [9], [5, 6], [1, 2, 3]])
+    assert (rules.suppress_ids, rules.bad_words) == ((9,), ((5, 6), (1, 2, 3)))
+    assert rules.notes["bad_words"] == [[5, 6], [1, 2, 3]]
+
+
 def test_repetition_controls_are_request_defaults() -> None:
     """A generation config's repetition controls are request options (DecodingOptions):
     recorded, not refused; switched off, not recorded."""
@@ -44,7 +52,7 @@ def test_repetition_controls_are_request_defaults() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"bad_words_ids": [[5, 6]]}, r"bad_words_ids entry \[5, 6\] of 2 tokens"),
+        ({"bad_words_ids": [[5, 600]]}, r"suppressed token ids \[600\]"),
         ({"encoder_repetition_penalty": 1.2}, "encoder_repetition_penalty=1.2"),
         ({"encoder_no_repeat_ngram_size": 3}, "encoder_no_repeat_ngram_size=3"),
         ({"min_length": 4}, "min_length=4"),

@@ -13,6 +13,8 @@ from __future__ import annotations
 import collections
 import functools
 import io
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from PIL import Image  # noqa: E402
 import attnserve_cli  # noqa: E402
 from contract.repository import read_model_config, resolve_version  # noqa: E402
 from contract.text import load_text_tokenizer  # noqa: E402
+from export.exporter import ExportOptions, export  # noqa: E402
 from serving.client import AttnServeClient, ClientError  # noqa: E402
 from serving.generation.history_rules import HistoryRules  # noqa: E402
 from serving.kserve.tensors import decode_outputs  # noqa: E402
@@ -37,6 +40,7 @@ from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # 
 from serving.served.inputs import BadWords  # noqa: E402
 from tests.export.hf_fixtures import CAPTION_MAX_LENGTH, hf_generated, sample_images  # noqa: E402
 from tests.serving.frontends import two_frontends  # noqa: E402
+from tests.serving.hf_marian import generate, load_marian, translate  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
@@ -258,3 +262,38 @@ def test_bad_words_say_what_to_change(
             stub.ModelInfer(request, timeout=30)
     assert rpc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in rpc.value.details()
+
+
+# --- a model's own bad words (its generation config's bad_words_ids) ----------------------------
+
+
+def test_a_models_own_bad_words_apply_to_every_request(
+    hf_sources: dict[str, Path], tmp_path: Path
+) -> None:
+    """A generation config's ``bad_words_ids`` entry of two tokens (the commonest pair of the
+    plain greedy outputs) is exported as ``DecoderSpec.bad_words``: served greedy and beam
+    outputs are ``generate``'s, which applies the config by itself, and change."""
+    source = tmp_path / "marian"
+    shutil.copytree(hf_sources["marian"], source)
+    plain_model = load_marian(source, texts=16)
+    plain = generate(plain_model, plain_model["texts"], num_beams=1)
+    pairs = collections.Counter(tuple(ids[i : i + 2]) for ids in plain for i in range(len(ids) - 1))
+    (pair, _), *_ = pairs.most_common(1)
+    config = json.loads((source / "generation_config.json").read_text())
+    config["bad_words_ids"] = [*config["bad_words_ids"], list(pair)]
+    (source / "generation_config.json").write_text(json.dumps(config))
+    banned_model = load_marian(source, texts=16)
+    texts = banned_model["texts"]
+    expected = generate(banned_model, texts, num_beams=1)
+    assert expected != plain
+    export(str(source), tmp_path / "repository", ExportOptions(name="marian", parity_examples=20))
+    spec = read_model_config(tmp_path / "repository" / "marian").decoder
+    assert spec.bad_words == (pair,)
+    repository = tmp_path / "repository"
+    with (
+        ServerThread(repository, metrics_port=-1) as server,
+        AttnServeClient(server.address) as client,
+    ):
+        assert translate(client, texts) == expected
+        beams = [translate(client, [t], beam_size=4)[0] for t in texts[:6]]
+    assert beams == generate(banned_model, texts[:6], num_beams=4)
