@@ -481,9 +481,9 @@ class ServedGenerator(ServedEntry):
                 if request.options.return_log_probs:
                     log_probs = [e.log_prob or 0.0 for e in tokens]
                 delta = text.add(ids) if stop is None else stop.release()
-                yield StreamDelta(delta, ids, tokens[0].index, log_probs)
                 if stop is not None and stop.kept is not None:
-                    request.finish_at(stop.kept)  # the engine ends it there
+                    request.finish_at(stop.kept)  # the engine ends it there, while this is sent
+                yield StreamDelta(delta, ids, tokens[0].index, log_probs)
             final = chunk[-1]
             if isinstance(final, ErrorEvent):
                 raise final.error

@@ -298,8 +298,11 @@ def test_a_kserve_stream_never_sends_a_stop_string(
             outputs = [decode_outputs(r) for r in responses if "translation" in decode_outputs(r)]
             deltas = [o["translation"].reshape(-1)[0].decode() for o in outputs]
             streamed = [int(t) for o in outputs for t in o["token_ids"].reshape(-1) if t >= 0]
-            assert "".join(deltas) == _cut(decode(ids, skip_special_tokens=True), stops)
+            full = decode(ids, skip_special_tokens=True)
+            assert "".join(deltas) == _cut(full, stops)
             assert streamed == ids
+            reason = responses[-1].parameters["finish_reason"].string_param
+            assert reason == ("stop_sequence" if _cut(full, stops) != full else "stop")
 
 
 def test_the_cli_passes_stop_strings(
