@@ -121,9 +121,8 @@ class GenerationRequest:
 
     def finish_at(self, tokens: int) -> None:
         """End this request with its first ``tokens`` tokens (a stop string appeared in its
-        text): the engine finishes it with reason "stop_sequence" before its next step, as for a
-        cancel,
-        and frees its rows; a request that already ended keeps its own finish."""
+        text): the engine finishes it with reason "stop_sequence" before its next step, as for
+        a cancel, and frees its rows; a request that already ended keeps its own finish."""
         self.keep = tokens
         self.cancel()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -25,6 +25,7 @@ from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
 from serving.kserve.tensors import BYTES, output_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import Generated, LabelScore, ServedClassifier, ServedGenerator
+from serving.served.generator import generate_all
 
 T = TypeVar("T")
 ALL_CLASSES = 1 << 30  # top_k that makes ServedClassifier.classify return every class
@@ -73,7 +74,7 @@ def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationReques
     )
 
 
-async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], None]) -> list[T]:
+async def _gather(awaitables: Iterable[Awaitable[T]]) -> list[T]:
     """Await all concurrently; on the first failure (or cancellation) cancel the rest."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     try:
@@ -81,7 +82,6 @@ async def _gather(awaitables: Iterable[Awaitable[T]], on_error: Callable[[], Non
     except BaseException:
         for task in tasks:
             task.cancel()
-        on_error()
         raise
 
 
@@ -100,12 +100,7 @@ def _padded(sequences: list[list[Any]], fill: float, dtype: type) -> np.ndarray:
 async def generate(call: Call, model: ServedGenerator) -> Outputs:
     """Run every element of a translation / captioning request to the end."""
     jobs = generation_jobs(call, model)
-
-    def cancel_jobs() -> None:
-        for job in jobs:
-            job.cancel()
-
-    results: list[Generated] = await _gather((model.generate(j) for j in jobs), cancel_jobs)
+    results = await generate_all(model.generate, jobs)
     outputs: Outputs = {
         TEXT_OUTPUT[model.config.task]: (BYTES, [r.text.encode() for r in results]),
         "token_ids": ("INT32", _token_matrix([r.token_ids for r in results])),
@@ -134,11 +129,8 @@ async def classify(call: Call, model: ServedClassifier) -> Outputs:
     """Every element through the model's dynamic batcher; full probabilities and top-1 label."""
     pixels = element_pixels(call)
     scores: list[list[LabelScore]] = await _gather(
-        (
-            model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s, priority=call.priority)
-            for p in pixels
-        ),
-        lambda: None,
+        model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s, priority=call.priority)
+        for p in pixels
     )
     classes = max(len(s) for s in scores)
     probabilities = np.zeros((call.batch, classes), dtype=np.float32)

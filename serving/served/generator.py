@@ -409,7 +409,7 @@ class ServedGenerator(ServedEntry):
             arrival=now,
             priority=level,
             prefix=prefix,
-            bad_words=self.bad_words.ids(checked.bad_words) if checked.bad_words else (),
+            bad_words=self.bad_words.ids(checked.bad_words),
         )
 
     async def events(self, request: GenerationRequest) -> AsyncIterator[Event]:

@@ -172,12 +172,10 @@ class BadWords:
         """
         sequences: dict[tuple[int, ...], None] = {}
         for word in words:
-            alone = tuple(self.tokenizer.encode_target(word.lstrip()))
-            self._check(word, alone)
-            sequences[alone] = None
-            spaced = tuple(self.tokenizer.encode_target(" " + word.lstrip()))
-            self._check(word, spaced)
-            sequences[spaced] = None
+            for form in (word.lstrip(), " " + word.lstrip()):  # alone, inside a sentence
+                ids = tuple(self.tokenizer.encode_target(form))
+                self._check(word, ids)
+                sequences[ids] = None
         return tuple(sequences)
 
     def _check(self, word: str, ids: tuple[int, ...]) -> None:
