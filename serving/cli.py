@@ -58,6 +58,12 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.add_argument("--host", help=f"gRPC bind address (default {DEFAULTS.host})")
     serve.add_argument("--port", type=int, help=f"gRPC port (default {DEFAULTS.port}; 0 = free)")
     serve.add_argument(
+        "--http-port",
+        type=int,
+        help="KServe v2 HTTP/REST port on --host, beside gRPC (Triton's HTTP endpoint; default "
+        f"{DEFAULTS.http_port}: off; 0 = free)",
+    )
+    serve.add_argument(
         "--metrics-host", help=f"metrics bind address (default {DEFAULTS.metrics_host})"
     )
     serve.add_argument(
@@ -359,9 +365,10 @@ async def _serve(config: ServerConfig) -> int:
     security = ", ".join(
         word for word, on in (("TLS", running.tls), ("bearer tokens", running.authenticated)) if on
     )
+    http = f", HTTP/REST on port {running.http_port}" if running.http_port is not None else ""
     print(
         f"attnserve serving {', '.join(running.repository.names())} on "
-        f"{config.host}:{running.port}{f' ({security})' if security else ''}{metrics}",
+        f"{config.host}:{running.port}{f' ({security})' if security else ''}{http}{metrics}",
         flush=True,
     )
     stop = asyncio.Event()

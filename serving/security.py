@@ -1,13 +1,15 @@
-"""Security of the gRPC port: TLS credentials and bearer-token authentication.
+"""Security of the gRPC and HTTP/REST ports: TLS credentials and bearer-token authentication.
 
-- TLS: ``ServerConfig.tls_cert`` / ``tls_key`` (PEM files) make the gRPC port speak TLS; with
+- TLS: ``ServerConfig.tls_cert`` / ``tls_key`` (PEM files) make the gRPC port (and the HTTP/REST
+  port, where it is on) speak TLS; with
   ``tls_client_ca`` every client must also present a certificate signed by that CA (mutual TLS).
   The /metrics port stays plain HTTP.
 - Tokens: ``ServerConfig.auth_token_file`` (one token a line, ``#`` comments) and / or the
   environment variable ``ATTNSERVE_AUTH_TOKENS`` (comma-separated). When either holds a token,
   every call must carry the metadata ``authorization: Bearer <token>``, else it fails with
-  UNAUTHENTICATED. grpc.health.v1 and server reflection stay open (load balancer and Kubernetes
-  probes carry no token). Tokens never appear on a command line or in an error message.
+  UNAUTHENTICATED (HTTP: the same header, else 401). grpc.health.v1, server reflection and the
+  HTTP health routes stay open (load balancer and Kubernetes probes carry no token). Tokens
+  never appear on a command line or in an error message.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ OPEN_SERVICES: tuple[str, ...] = (
     "grpc.reflection.v1.ServerReflection",
 )
 AUTH_HINT = (
-    "send the call metadata `authorization: Bearer <token>` (attnserve client commands: "
-    f"set {CLIENT_TOKEN_ENV} or pass --token)"
+    "send the call metadata `authorization: Bearer <token>` (HTTP: that header; attnserve "
+    f"client commands: set {CLIENT_TOKEN_ENV} or pass --token)"
 )
 
 
@@ -129,6 +131,24 @@ def server_credentials(config: SecuritySettings) -> grpc.ServerCredentials | Non
     return grpc.ssl_server_credentials(
         [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
     )
+
+
+def server_ssl_context(config: SecuritySettings) -> ssl.SSLContext | None:
+    """The HTTP/REST port's TLS: the same certificate, key and client CA as the gRPC port's
+    (None when TLS is off).
+
+    Raises:
+        SecurityConfigError: as ``server_credentials``.
+    """
+    if server_credentials(config) is None:  # checks every file, as for the gRPC port
+        return None
+    assert config.tls_cert and config.tls_key
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(config.tls_cert, config.tls_key, password=_no_password)
+    if config.tls_client_ca:
+        context.load_verify_locations(cafile=config.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def check_token(token: str, where: str) -> str:

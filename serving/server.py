@@ -27,7 +27,12 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2, attnserve_pb2_grpc
 from serving.proto_gen.inference import grpc_service_pb2, grpc_service_pb2_grpc
 from serving.repository import ModelRepository
 from serving.response_cache import ResponseCache
-from serving.security import BearerTokenInterceptor, accepted_tokens, server_credentials
+from serving.security import (
+    BearerTokenInterceptor,
+    accepted_tokens,
+    server_credentials,
+    server_ssl_context,
+)
 from serving.server_config import REGIONS_FOLDER_ENV, ServerConfig
 from serving.services.attnserve import AttnServeServicer
 from serving.services.common import ServerState
@@ -59,10 +64,16 @@ class RunningServer:
     state: ServerState
     health: Any
     metrics_server: MetricsServer | None
-    tls: bool = False  # the gRPC port speaks TLS
+    tls: bool = False  # the gRPC port (and the HTTP one) speaks TLS
     authenticated: bool = False  # calls need a bearer token (health and reflection excepted)
     own_folder: Path | None = None  # removed on stop (this server's shared memory registry)
     poller: RepositoryPoller | None = None  # follows the repository folder (model control poll)
+    rest: Any = None  # the HTTP/REST server (serving.rest.server.RestServer), None when off
+
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP/REST port (None: off)."""
+        return None if self.rest is None else self.rest.port
 
     @property
     def address(self) -> str:
@@ -88,6 +99,8 @@ class RunningServer:
         while self.state.active and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         await self.server.stop(max(0.0, deadline - time.monotonic()))
+        if self.rest is not None:
+            await self.rest.stop()
         await self.repository.stop(grace)
         self.state.tracer.flush()
         if self.metrics_server is not None:
@@ -156,7 +169,8 @@ async def create_server(
     state = ServerState(traces.tracer, cache)
     logs = logs or LogChanges(LogControl(LogSettings.for_level(config.log_level)))
     regions, own_folder = _shared_memory(config)
-    health = _add_services(server, repository, metrics, state, regions, control, traces, logs)
+    kserve = KServeServicer(repository, metrics, state, regions, control, traces, logs)
+    health = _add_services(server, repository, metrics, state, kserve)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -168,6 +182,14 @@ async def create_server(
             shutil.rmtree(own_folder, ignore_errors=True)
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
     await server.start()
+    try:
+        rest = await _start_rest(config, kserve, tokens, reuse_port)
+    except OSError:
+        await server.stop(0)
+        await repository.stop(0)
+        if own_folder is not None:
+            shutil.rmtree(own_folder, ignore_errors=True)
+        raise
     await _set_health(health, health_pb2.HealthCheckResponse.SERVING)
     if poller is not None:
         poller.start()
@@ -177,10 +199,11 @@ async def create_server(
             config.metrics_port, config.metrics_host
         )
     log.info(
-        "serving %s on %s:%d (%s, %s)",
+        "serving %s on %s:%d%s (%s, %s)",
         repository.names(),
         config.host,
         port,
+        "" if rest is None else f", HTTP/REST on port {rest.port}",
         "TLS" if credentials else "plaintext",
         f"{len(tokens)} bearer token(s)" if tokens else "no authentication",
     )
@@ -197,7 +220,28 @@ async def create_server(
         authenticated=bool(tokens),
         own_folder=own_folder,
         poller=poller,
+        rest=rest,
     )
+
+
+async def _start_rest(
+    config: ServerConfig, kserve: KServeServicer, tokens: tuple[str, ...], reuse_port: bool
+) -> Any:
+    """The HTTP/REST server on ``config.http_port`` (None where it is off; aiohttp is imported
+    only then)."""
+    if config.http_port < 0:
+        return None
+    from serving.rest.server import RestServer
+
+    rest = RestServer(
+        kserve,
+        tokens,
+        server_ssl_context(config),
+        config.max_message_bytes,
+        config.grace_period_s,
+    )
+    await rest.start(config.host, config.http_port, reuse_port)
+    return rest
 
 
 def _shared_memory(config: ServerConfig) -> tuple[SharedMemoryRegions | None, Path | None]:
@@ -231,18 +275,13 @@ def _add_services(
     repository: ModelRepository,
     metrics: ServingMetrics,
     state: ServerState,
-    regions: SharedMemoryRegions | None,
-    control: ModelControl | None,
-    traces: TraceChanges,
-    logs: LogChanges,
+    kserve: KServeServicer,
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
     attnserve_pb2_grpc.add_AttnServeServicer_to_server(
         AttnServeServicer(repository, metrics, state), server
     )
-    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-        KServeServicer(repository, metrics, state, regions, control, traces, logs), server
-    )
+    grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(

@@ -20,6 +20,9 @@ class ServerConfig:
     repository: str = "model_repository"  # model repository directory
     host: str = "127.0.0.1"  # gRPC bind address (0.0.0.0 in containers)
     port: int = 50051  # gRPC port; 0 picks a free one
+    # KServe v2 over HTTP/REST on this port of host (serving.rest; Triton's HTTP endpoint): 0
+    # picks a free one, -1 turns it off
+    http_port: int = -1
     metrics_host: str = "127.0.0.1"  # Prometheus /metrics bind address
     metrics_port: int = 8000  # Prometheus port; 0 picks a free one, -1 turns it off
     models: tuple[str, ...] = ()  # serve only these entries (default: all)
@@ -81,6 +84,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0..65535, got {self.port}")
+        if not -1 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be -1 (off) or 0..65535, got {self.http_port}")
         if not -1 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be -1 (off) or 0..65535, got {self.metrics_port}")
         if self.grace_period_s < 0:

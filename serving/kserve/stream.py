@@ -5,7 +5,7 @@ Requests that cannot stream (classification, N > 1, beam search) get one final r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ def _whole(call: Call) -> bool:
     return options.beam_size > 1 or options.return_log_probs or bool(options.num_alternatives)
 
 
-async def stream_responses(call: Call) -> AsyncIterator[pb.ModelInferResponse]:
+async def stream_responses(call: Call) -> AsyncGenerator[pb.ModelInferResponse, None]:
     """The decoupled responses of one streamed request (see the module docstring)."""
     model = call.model
     if not isinstance(model, ServedGenerator) or call.batch > 1 or _whole(call):

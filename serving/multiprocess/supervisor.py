@@ -62,6 +62,7 @@ class Supervisor:
         self.frontends: list[BaseProcess] = []
         self.stopping = False
         self.port = 0
+        self.http_port: int | None = None  # HTTP/REST (None: off)
         self.models: list[str] = []  # what the engine process loaded
 
     # --- start ----------------------------------------------------------------------------------
@@ -73,9 +74,17 @@ class Supervisor:
         """
         from serving.multiprocess.processes import engine_main, frontend_main
 
-        reserved = _reserve_port(self.config.host, self.config.port)
-        self.port = reserved.getsockname()[1]
+        reserved = [_reserve_port(self.config.host, self.config.port)]
+        self.port = reserved[0].getsockname()[1]
         config = replace(self.config, port=self.port)
+        if self.config.http_port >= 0:  # every frontend serves HTTP/REST on one port too
+            try:
+                reserved.append(_reserve_port(self.config.host, self.config.http_port))
+            except OSError:
+                reserved[0].close()
+                raise
+            self.http_port = reserved[1].getsockname()[1]
+            config = replace(config, http_port=self.http_port)
         try:
             self.engine, self.models = self._spawn(
                 "attnserve-engine", engine_main, config, self.address
@@ -91,7 +100,8 @@ class Supervisor:
                 " ".join(str(p.pid) for p in self.frontends),
             )
         finally:
-            reserved.close()  # the frontends listen on the port now
+            for sock in reserved:
+                sock.close()  # the frontends listen on the ports now
 
     def _spawn(self, name: str, target: Any, *args: Any) -> tuple[BaseProcess, Any]:
         """Start a child and wait for it to serve; returns it and what it reported."""
@@ -198,9 +208,10 @@ def serve_multiprocess(config: ServerConfig) -> int:
             _, port = start_metrics_http_server(registry, config.metrics_port, config.metrics_host)
             metrics = f", metrics on {config.metrics_host}:{port}"
         names = ", ".join(supervisor.models)
+        http = "" if supervisor.http_port is None else f", HTTP/REST on port {supervisor.http_port}"
         print(
             f"attnserve serving {names} on {config.host}:{supervisor.port} "
-            f"({config.frontend_workers} frontend processes, 1 engine process){metrics}",
+            f"({config.frontend_workers} frontend processes, 1 engine process){http}{metrics}",
             flush=True,
         )
         return supervisor.watch()

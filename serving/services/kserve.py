@@ -110,7 +110,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             ]
         )
 
-    def _model(self, name: str, version: str) -> ServedModel:
+    def model(self, name: str, version: str) -> ServedModel:
         if not name:
             raise InvalidArgument(
                 "model_name is empty; name the model (ServerMetadata lists none, "
@@ -133,7 +133,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary("ModelReady", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any):
         try:
-            model = self._model(request.name, request.version)
+            model = self.model(request.name, request.version)
         except (NotFound, InvalidArgument):  # Triton answers ready=false for unknown models
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=not self.state.draining and model_ready(model))
@@ -146,7 +146,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
 
     @unary("ModelMetadata", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any):
-        model = self._model(request.name, request.version)
+        model = self.model(request.name, request.version)
         sig = signature(model.config)
         return pb.ModelMetadataResponse(
             name=model.name,
@@ -159,13 +159,13 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     @unary("ModelConfig", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any):
         return pb.ModelConfigResponse(
-            config=model_config(self._model(request.name, request.version))
+            config=model_config(self.model(request.name, request.version))
         )
 
     @unary("ModelStatistics", lambda r: r.name, refuse_when_draining=False, version_of=_version)
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any):
         if request.name and request.version:
-            models = [self._model(request.name, request.version)]
+            models = [self.model(request.name, request.version)]
         elif request.name:  # every served version, as Triton's
             versions = self.repository.versions(request.name)
             models = [self.repository.get(request.name, str(v)) for v in versions]
@@ -270,7 +270,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
     # --- inference ------------------------------------------------------------------------------
     @unary("ModelInfer", lambda r: r.model_name, version_of=lambda r: r.model_version)
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext):
-        model = self._model(request.model_name, request.model_version)
+        model = self.model(request.model_name, request.model_version)
         call = prepare(model, request, deadline_of(context), self.regions)
         if self.state.cache is None or not model.config.response_cache:
             return await infer(call)
@@ -354,7 +354,7 @@ class KServeServicer(Servicer, pb_grpc.GRPCInferenceServiceServicer):
             request_id=request.id,
             version=request.model_version,
         ):
-            model = self._model(request.model_name, request.model_version)
+            model = self.model(request.model_name, request.model_version)
             call = prepare(model, request, deadline_of(context), self.regions)
             async for response in stream_responses(call):
                 send(pb.ModelStreamInferResponse(infer_response=response))

@@ -50,6 +50,12 @@ class ServerThread:
         return f"127.0.0.1:{self.running.port}"
 
     @property
+    def http_url(self) -> str:
+        """The HTTP/REST base URL (the server needs ``http_port``)."""
+        assert self.running is not None and self.running.http_port is not None
+        return f"http://127.0.0.1:{self.running.http_port}"
+
+    @property
     def metrics_url(self) -> str:
         assert self.running is not None
         return f"http://127.0.0.1:{self.running.metrics_port}/metrics"

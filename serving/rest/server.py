@@ -1,0 +1,175 @@
+"""The HTTP/REST server (aiohttp): routes, errors as JSON, bearer tokens, TLS, start and stop."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from serving.errors import ServingError
+from serving.rest.routes import CallFailed, Handler, Routes, json_response
+from serving.security import BearerTokenInterceptor
+from serving.services.kserve import KServeServicer
+
+log = logging.getLogger(__name__)
+OPEN_PREFIX = "/v2/health/"  # health answers without a token, as grpc.health.v1 does
+
+# A failed RPC's gRPC status as an HTTP status (the error's message is the body's "error").
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def error_response(code: grpc.StatusCode, message: str) -> web.Response:
+    """Triton's error body, ``{"error": message}``, with the status of ``code``."""
+    return json_response({"error": message}, HTTP_STATUS.get(code, 500))
+
+
+def _route_table(routes: Routes) -> list[tuple[str, str, Handler]]:
+    """(method, path, handler) of every route, in matching order."""
+    table: list[tuple[str, str, Handler]] = [
+        ("GET", "/v2/health/live", routes.live),
+        ("GET", "/v2/health/ready", routes.ready),
+        ("GET", "/v2", routes.server_metadata),
+        ("GET", "/v2/models/stats", routes.statistics),
+        ("POST", "/v2/repository/index", routes.repository_index),
+        ("POST", "/v2/repository/models/{name}/load", routes.load),
+        ("POST", "/v2/repository/models/{name}/unload", routes.unload),
+        ("GET", "/v2/trace/setting", routes.trace_setting),
+        ("POST", "/v2/trace/setting", routes.trace_setting),
+        ("GET", "/v2/models/{name}/trace/setting", routes.trace_setting),
+        ("POST", "/v2/models/{name}/trace/setting", routes.trace_setting),
+        ("GET", "/v2/logging", routes.log_settings),
+        ("POST", "/v2/logging", routes.log_settings),
+        ("GET", "/v2/systemsharedmemory/status", routes.shm_status),
+        ("GET", "/v2/systemsharedmemory/region/{region}/status", routes.shm_status),
+        ("POST", "/v2/systemsharedmemory/region/{region}/register", routes.shm_register),
+        ("POST", "/v2/systemsharedmemory/region/{region}/unregister", routes.shm_unregister),
+        ("POST", "/v2/systemsharedmemory/unregister", routes.shm_unregister),
+    ]
+    for model in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        table += [
+            ("GET", model, routes.model_metadata),
+            ("GET", f"{model}/ready", routes.model_ready),
+            ("GET", f"{model}/config", routes.model_config),
+            ("GET", f"{model}/stats", routes.statistics),
+            ("POST", f"{model}/infer", routes.infer),
+            ("POST", f"{model}/generate", routes.generate),
+            ("POST", f"{model}/generate_stream", routes.generate_stream),
+        ]
+    return table
+
+
+class RestServer:
+    """KServe v2 over HTTP/REST beside the gRPC port, answered by the same servicer.
+
+    ``tokens``: accepted bearer tokens (empty: no authentication); ``ssl_context``: TLS (None:
+    plain HTTP); ``max_body_bytes``: the largest request body (the gRPC message limit).
+    """
+
+    def __init__(
+        self,
+        servicer: KServeServicer,
+        tokens: tuple[str, ...],
+        ssl_context: ssl.SSLContext | None,
+        max_body_bytes: int,
+        grace_s: float,
+    ) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.ssl_context = ssl_context
+        self.auth = BearerTokenInterceptor(tokens) if tokens else None
+        app = web.Application(
+            client_max_size=max_body_bytes, middlewares=[self._errors, self._authenticate]
+        )
+        for method, path, handler in _route_table(Routes(servicer)):
+            app.router.add_route(method, path, handler)
+        # handler_cancellation: a client that hangs up cancels its request (its engine rows
+        # are freed), as a cancelled gRPC call does
+        self.runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=grace_s
+        )
+        self.port = 0
+
+    async def start(self, host: str, port: int, reuse_port: bool) -> int:
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        await self.runner.setup()
+        site = web.TCPSite(
+            self.runner, host, port, ssl_context=self.ssl_context, reuse_port=reuse_port or None
+        )
+        try:
+            await site.start()
+        except OSError as err:
+            await self.runner.cleanup()
+            raise OSError(f"cannot bind HTTP {host}:{port}; is the port in use? ({err})") from err
+        self.port = self.runner.addresses[0][1]
+        return self.port
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every failure as ``{"error": ...}`` with an HTTP status that says what kind."""
+        try:
+            return await handler(request)
+        except CallFailed as err:
+            return error_response(err.code, err.message)
+        except ServingError as err:
+            return error_response(err.code, str(err))
+        except web.HTTPRequestEntityTooLarge:
+            return json_response(
+                {
+                    "error": f"the request body is larger than {self.max_body_bytes} bytes, the "
+                    "server's max_message_bytes; send less, or raise --max-message-bytes"
+                },
+                413,
+            )
+        except web.HTTPMethodNotAllowed as err:
+            allowed = ", ".join(sorted(err.allowed_methods))
+            return json_response(
+                {"error": f"{request.method} is not served on {request.path[:200]}; use {allowed}"},
+                405,
+            )
+        except web.HTTPNotFound:
+            return json_response(
+                {
+                    "error": f"no route {request.method} {request.path[:200]}: use a KServe v2 "
+                    "REST route such as GET /v2/models/NAME or POST /v2/models/NAME/infer "
+                    "(README: HTTP/REST)"
+                },
+                404,
+            )
+        except web.HTTPException as err:
+            return json_response({"error": err.text or err.reason}, err.status)
+        except Exception as err:  # a bug: logged, and the client still gets a JSON answer
+            log.exception("internal error in %s %s", request.method, request.path[:200])
+            return error_response(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}")
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.auth is None or request.path.startswith(OPEN_PREFIX):
+            return await handler(request)
+        values: list[tuple[str, Any]] = [
+            ("authorization", v) for v in request.headers.getall("Authorization", [])
+        ]
+        problem = self.auth.problem(values)
+        if problem is None:
+            return await handler(request)
+        response = error_response(grpc.StatusCode.UNAUTHENTICATED, problem)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response

@@ -1,0 +1,82 @@
+"""One real server with KServe v2 over HTTP/REST for the tests of this package (package-scoped;
+system shared memory on), the unmodified Triton HTTP and gRPC clients on it, and a plain HTTP
+helper (urllib) for what those clients do not send."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.serving.server_thread import ServerThread
+
+TRITON_HTTP = "tritonclient[http] is not installed (pip install 'tritonclient[http]>=2.50')"
+TRITON_GRPC = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=2.50')"
+
+
+@dataclass
+class Answer:
+    """An HTTP answer: status, headers (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def request(
+    url: str,
+    body: bytes | dict[str, Any] | list[Any] | None = None,
+    headers: dict[str, str] | None = None,
+    method: str | None = None,
+    timeout: float = 60,
+) -> Answer:
+    """One HTTP request (POST when there is a body; a dict / list body is sent as JSON)."""
+    data = json.dumps(body).encode() if isinstance(body, dict | list) else body
+    call = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
+    try:
+        with urllib.request.urlopen(call, timeout=timeout) as response:
+            found = {k.lower(): v for k, v in response.headers.items()}
+            return Answer(response.status, found, response.read())
+    except urllib.error.HTTPError as err:
+        found = {k.lower(): v for k, v in err.headers.items()}
+        return Answer(err.code, found, err.read())
+
+
+@pytest.fixture(scope="package")
+def server(tiny_repository: Path) -> Iterator[ServerThread]:
+    with ServerThread(tiny_repository, http_port=0, system_shared_memory=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="package")
+def url(server: ServerThread) -> str:
+    """The HTTP/REST base URL, e.g. http://127.0.0.1:PORT."""
+    return server.http_url
+
+
+@pytest.fixture(scope="package")
+def triton_http(server: ServerThread) -> Iterator[tuple[ModuleType, Any]]:
+    """(tritonclient.http, an InferenceServerClient of the HTTP port); skips without it."""
+    httpclient = pytest.importorskip("tritonclient.http", reason=TRITON_HTTP)
+    client = httpclient.InferenceServerClient(url=server.http_url.removeprefix("http://"))
+    yield httpclient, client
+    client.close()
+
+
+@pytest.fixture(scope="package")
+def triton_grpc(server: ServerThread) -> Iterator[tuple[ModuleType, Any]]:
+    """(tritonclient.grpc, an InferenceServerClient of the gRPC port); skips without it."""
+    grpcclient = pytest.importorskip("tritonclient.grpc", reason=TRITON_GRPC)
+    client = grpcclient.InferenceServerClient(url=server.address)
+    yield grpcclient, client
+    client.close()
