@@ -37,6 +37,7 @@ class ServeProcess:
         self.process: subprocess.Popen[str] | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        self.http_port: int | None = None  # HTTP/REST (started with --http-port)
         self.output: list[str] = []
         self._reader: threading.Thread | None = None
         self._keep_lines = keep_lines
@@ -61,6 +62,8 @@ class ServeProcess:
                 self.port = int(match.group(1))
                 metrics = re.search(r"metrics on [^\s,]+:(\d+)", line)
                 self.metrics_port = int(metrics.group(1)) if metrics else None
+                http = re.search(r"HTTP/REST on port (\d+)", line)
+                self.http_port = int(http.group(1)) if http else None
                 self._reader = threading.Thread(target=self._read, daemon=True)
                 self._reader.start()
                 return self

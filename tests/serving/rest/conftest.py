@@ -13,8 +13,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import grpc
 import pytest
 
+from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.serving.server_thread import ServerThread
 
 TRITON_HTTP = "tritonclient[http] is not installed (pip install 'tritonclient[http]>=2.50')"
@@ -80,3 +82,10 @@ def triton_grpc(server: ServerThread) -> Iterator[tuple[ModuleType, Any]]:
     client = grpcclient.InferenceServerClient(url=server.address)
     yield grpcclient, client
     client.close()
+
+
+@pytest.fixture(scope="package")
+def stub(server: ServerThread) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    """A KServe stub of the same server's gRPC port (what HTTP answers are compared with)."""
+    with grpc.insecure_channel(server.address) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
