@@ -99,11 +99,11 @@ def install_perf_analyzer(folder: Path | None = None) -> PerfAnalyzer | str:
 
 @dataclass
 class PerfRun:
-    """One perf_analyzer measurement of a model at one concurrency over gRPC.
+    """One perf_analyzer measurement of a model at one concurrency over gRPC or HTTP/REST.
 
     Attributes:
         tool: the perf_analyzer to run.
-        address: the server's HOST:PORT.
+        address: the server's HOST:PORT (the HTTP/REST port's for ``protocol="http"``).
         model: the model's name.
         concurrency: concurrent requests.
         window_ms: one measurement window (perf_analyzer reports the mean of its last 3 stable
@@ -114,6 +114,7 @@ class PerfRun:
         shared_memory: "system": inputs and outputs through POSIX shared memory regions
             (``--shared-memory system``; the server needs ``--system-shared-memory``).
         timeout_s: the run's wall-clock limit.
+        protocol: "grpc" or "http" (KServe v2 over HTTP/REST, binary tensor data; no streaming).
     """
 
     tool: PerfAnalyzer
@@ -126,6 +127,7 @@ class PerfRun:
     parameters: dict[str, tuple[str, str]] = field(default_factory=dict)
     shared_memory: str = "none"
     timeout_s: float = 300.0
+    protocol: str = "grpc"
 
     def flags(self, full_paths: bool = True) -> list[str]:
         """The model-specific flags (the record shows them with file names only)."""
@@ -143,7 +145,7 @@ class PerfRun:
         """The full perf_analyzer command line."""
         return [
             str(self.tool.binary),
-            *("-i", "grpc", "-u", self.address, "-m", self.model),
+            *("-i", self.protocol, "-u", self.address, "-m", self.model),
             "--concurrency-range",
             f"{self.concurrency}:{self.concurrency}",
             *("--measurement-interval", str(self.window_ms)),
@@ -157,6 +159,7 @@ class PerfRun:
         record: dict[str, Any] = {
             "model": self.model,
             "concurrency": self.concurrency,
+            "protocol": self.protocol,
             "flags": self.flags(full_paths=False),
         }
         with tempfile.TemporaryDirectory(prefix="perf-analyzer-") as scratch:

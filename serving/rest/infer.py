@@ -83,8 +83,9 @@ def _shape(value: Any, what: str) -> tuple[int, ...]:
 
 def _input(
     entry: Any, index: int, binary: memoryview, offset: int
-) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes, int]:
-    """One ``inputs`` entry as a tensor header and its raw data; returns the new offset."""
+) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None, int]:
+    """One ``inputs`` entry as a tensor header and its raw data (None: in shared memory);
+    returns the new offset."""
     entry = _object(entry, f"inputs[{index}]")
     name = _string(entry.get("name"), f"inputs[{index}].name", 256)
     what = f"input {name[:100]!r}"
@@ -106,9 +107,14 @@ def _input(
                 f"remain after the JSON part; check {HEADER_LENGTH} and each {BINARY_SIZE}"
             )
         return tensor, bytes(binary[offset : offset + size]), offset + size
-    if "data" not in entry:  # a shared memory region's input, or an error prepare() names
-        return tensor, b"", offset
-    return tensor, json_data(entry["data"], datatype, shape, what), offset
+    if "data" in entry:
+        return tensor, json_data(entry["data"], datatype, shape, what), offset
+    if "shared_memory_region" in parameters:  # read from the region: no raw entry
+        return tensor, None, offset
+    raise InvalidArgument(
+        f'{what} has no data: send its elements in "data", as binary data after the JSON part '
+        f"({BINARY_SIZE}), or in a system shared memory region (shared_memory_region)"
+    )
 
 
 def parameter_int(parameter: pb.InferParameter, what: str) -> int:
@@ -152,7 +158,8 @@ def parse_infer(
     for index, entry in enumerate(inputs):
         tensor, raw, offset = _input(entry, index, binary, offset)
         request.inputs.append(tensor)
-        request.raw_input_contents.append(raw)
+        if raw is not None:
+            request.raw_input_contents.append(raw)
     if offset != len(binary):
         raise InvalidArgument(
             f"{len(binary) - offset} bytes of binary data follow the inputs' {BINARY_SIZE}s; "
@@ -200,8 +207,10 @@ def response_body(
         }
         parameters = parameters_json(tensor.parameters)
         raw = response.raw_output_contents[index]
-        if "shared_memory_region" in parameters:  # written into the client's region
-            pass
+        if "shared_memory_region" in parameters:
+            # written into the client's region; as Triton's HTTP answer, no parameters (its C++
+            # client reads any output parameters as binary data's)
+            parameters = {}
         elif binary.get(tensor.name, all_binary):
             parameters[BINARY_SIZE] = len(raw)
             chunks.append(raw)

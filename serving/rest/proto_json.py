@@ -40,7 +40,7 @@ def message_json(message: Message) -> dict[str, Any]:
         if _is_map(field):
             value_field = field.message_type.fields_by_name["value"]
             document[field.name] = {str(k): _scalar(value_field, v) for k, v in value.items()}
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif field.is_repeated:
             document[field.name] = [_scalar(field, v) for v in value]
         elif field.containing_oneof is not None or field.type == FieldDescriptor.TYPE_MESSAGE:
             if message.HasField(field.name):

@@ -9,11 +9,13 @@ server with exit code 1, no client left hanging.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -41,10 +43,11 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
 
 @pytest.fixture(scope="module")
 def servers(tiny_repository: Path) -> Iterator[tuple[ServeProcess, ServeProcess]]:
-    single = ServeProcess(tiny_repository, "--metrics-port", "0").start()
+    single = ServeProcess(tiny_repository, "--metrics-port", "0", "--http-port", "0").start()
     multi = ServeProcess(
         tiny_repository,
         *("--metrics-port", "0", "--frontend-workers", "2", "--system-shared-memory"),
+        *("--http-port", "0"),
     ).start()
     try:
         yield single, multi
@@ -107,6 +110,40 @@ def test_two_frontends_answer_as_one_process(servers) -> None:
     metrics = scrape(url)
     assert sample(metrics, name, path="shared_memory") >= before + len(TEXTS)  # one caption each
     assert sample(metrics, name, path="socket") == 0  # the arena had room for every one
+
+
+def http_answers(port: int | None) -> list[object]:
+    """KServe over HTTP/REST, each request on a connection of its own (urllib opens one a
+    request), so the kernel spreads them over the frontends' shared port."""
+    assert port is not None
+    url = f"http://127.0.0.1:{port}/v2/models"
+    out: list[object] = []
+    for text in TEXTS:
+        body = {"text": text, "target_language": "fr", "max_new_tokens": 6}
+        out.append(http_json(f"{url}/translator/generate", body))
+        stream = http_body(f"{url}/translator/generate_stream", body).decode()
+        out.append("".join(json.loads(e[6:])["translation"] for e in stream.split("\n\n") if e))
+        pixels = np.linspace(-1, 1, 3 * 32 * 32).reshape(1, 3, 32, 32).round(4).tolist()
+        tensor = {"name": "pixel_values", "shape": [1, 3, 32, 32], "datatype": "FP32"}
+        vit = http_json(f"{url}/vit/infer", {"inputs": [{**tensor, "data": pixels}]})
+        out.append([o["data"] for o in vit["outputs"]][1])  # the label
+    return out
+
+
+def http_body(url: str, body: dict[str, object]) -> bytes:
+    call = urllib.request.Request(url, data=json.dumps(body).encode())
+    with urllib.request.urlopen(call, timeout=TIMEOUT) as answer:
+        return answer.read()
+
+
+def http_json(url: str, body: dict[str, object]) -> object:
+    return json.loads(http_body(url, body))
+
+
+def test_two_frontends_serve_http_on_one_port(servers) -> None:
+    single, multi = servers
+    assert multi.http_port is not None and multi.http_port != multi.port
+    assert http_answers(multi.http_port) == http_answers(single.http_port)
 
 
 def test_each_process_is_named_for_ps(servers) -> None:
