@@ -64,7 +64,7 @@ RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin attn
 USER 10001
 
 # gRPC (attnserve API, KServe v2, grpc.health.v1, reflection) and Prometheus /metrics.
-EXPOSE 50051 8000
+EXPOSE 50051 8080 8000
 
 # Loading three models takes a few seconds; health is SERVING once every model is loaded and
 # NOT_SERVING while the server drains on SIGTERM.
@@ -74,4 +74,4 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
 # SIGTERM drains: in-flight requests get --grace-period seconds (default 10); `docker stop`
 # waits 10 s before SIGKILL, so stop with `-t 15` (compose sets stop_grace_period).
 STOPSIGNAL SIGTERM
-CMD ["attnserve", "serve", "--repository", "/models", "--host", "0.0.0.0", "--metrics-host", "0.0.0.0"]
+CMD ["attnserve", "serve", "--repository", "/models", "--host", "0.0.0.0", "--http-port", "8080", "--metrics-host", "0.0.0.0"]

@@ -17,7 +17,7 @@ setup: $(STAMP)
 # Main job: serve the shipped models on ONNX Runtime (CPU). The first run exports them into
 # model_repository/ (about a minute); Ctrl-C / SIGTERM drains and stops the server.
 run: $(STAMP)
-	$(BIN)/attnserve serve
+	$(BIN)/attnserve serve --http-port 8080
 
 # Held-out metrics of the shipped checkpoints (PyTorch).
 eval: $(STAMP)

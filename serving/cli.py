@@ -81,7 +81,8 @@ def _add_serve_parser(subparsers: Any) -> None:
     serve.add_argument(
         "--max-message-bytes",
         type=int,
-        help=f"largest gRPC message either way (default {DEFAULTS.max_message_bytes})",
+        help="largest gRPC message either way and HTTP/REST request body (default "
+        f"{DEFAULTS.max_message_bytes})",
     )
     serve.add_argument("--log-level", help=f"default {DEFAULTS.log_level}")
     serve.add_argument(

@@ -3,7 +3,8 @@
 ``tensors`` (wire format of tensors), ``signature`` (a model's inputs and outputs),
 ``triton_config`` (Triton's ModelConfig of a served model), ``parameters`` (request parameters),
 ``request`` (checking a request against the signature), ``execute`` (running it per task),
-``stream`` (decoupled streaming responses); ``serving.services.kserve`` is the servicer.
+``stream`` (decoupled streaming responses); ``serving.services.kserve`` is the servicer, and
+``serving.rest`` serves it over HTTP/REST as well.
 
 Unmodified Triton and KServe clients (``tritonclient.grpc``, perf_analyzer) talk to the served
 models through this servicer, and perf_analyzer runs against them with no model-specific flags

@@ -37,7 +37,8 @@ def test_compose_services_agree_with_the_server_and_each_other() -> None:
     server = services["attnserve"]
     assert server["build"]["dockerfile"] == "Dockerfile"
     published = {int(p.split(":")[1]) for p in server["ports"]}
-    assert published == {cmd_config.port, cmd_config.metrics_port} == {50051, 8000}
+    ports = {cmd_config.port, cmd_config.http_port, cmd_config.metrics_port}
+    assert published == ports == {50051, 8080, 8000}
     assert "/app/deploy/healthcheck.py" in server["healthcheck"]["test"]
     assert f"127.0.0.1:{cmd_config.port}" in server["healthcheck"]["test"]
 
@@ -45,7 +46,7 @@ def test_compose_services_agree_with_the_server_and_each_other() -> None:
     assert gpu["profiles"] == ["gpu"] and gpu["build"]["dockerfile"] == "Dockerfile.gpu"
     (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
-    assert {int(p.split(":")[1]) for p in gpu["ports"]} == {50051, 8000}
+    assert {int(p.split(":")[1]) for p in gpu["ports"]} == {50051, 8080, 8000}
 
     prometheus = services["prometheus"]
     assert prometheus["image"].startswith("prom/prometheus")

@@ -40,7 +40,7 @@ def test_dockerfile_stages() -> None:
     assert installs == ["serve"], installs
     assert "COPY --from=export /models /models" in runtime
     assert re.search(r"^USER\s+(?!root|0\b)\S+", runtime, re.MULTILINE), "non-root user"
-    assert re.search(r"^EXPOSE\s+50051\s+8000\s*$", runtime, re.MULTILINE)
+    assert re.search(r"^EXPOSE\s+50051\s+8080\s+8000\s*$", runtime, re.MULTILINE)
     healthcheck = re.search(r"^HEALTHCHECK .*?CMD (\[[^\n]*\])", runtime, re.M | re.DOTALL)
     assert healthcheck and "/app/deploy/healthcheck.py" in json.loads(healthcheck.group(1))
     config = serve_config(dockerfile_cmd())

@@ -53,7 +53,7 @@ def test_kubernetes_deployment_runs_the_image_command_with_grpc_probes() -> None
     assert container["args"] == dockerfile_cmd()
     config = serve_config(container["args"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": config.port, "metrics": config.metrics_port}
+    assert ports == {"grpc": config.port, "http": config.http_port, "metrics": config.metrics_port}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"] == {"port": config.port}, probe
     pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
