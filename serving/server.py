@@ -233,13 +233,7 @@ async def _start_rest(
         return None
     from serving.rest.server import RestServer
 
-    rest = RestServer(
-        kserve,
-        tokens,
-        server_ssl_context(config),
-        config.max_message_bytes,
-        config.grace_period_s,
-    )
+    rest = RestServer(kserve, tokens, server_ssl_context(config), config.max_message_bytes)
     await rest.start(config.host, config.http_port, reuse_port)
     return rest
 

@@ -15,6 +15,7 @@ from serving.security import BearerTokenInterceptor
 from serving.services.kserve import KServeServicer
 
 log = logging.getLogger(__name__)
+SHUTDOWN_S = 0.05  # what a request still running after the drain's grace period gets
 OPEN_PREFIX = "/v2/health/"  # health answers without a token, as grpc.health.v1 does
 
 # A failed RPC's gRPC status as an HTTP status (the error's message is the body's "error").
@@ -88,7 +89,6 @@ class RestServer:
         tokens: tuple[str, ...],
         ssl_context: ssl.SSLContext | None,
         max_body_bytes: int,
-        grace_s: float,
     ) -> None:
         self.max_body_bytes = max_body_bytes
         self.ssl_context = ssl_context
@@ -99,9 +99,12 @@ class RestServer:
         for method, path, handler in _route_table(Routes(servicer)):
             app.router.add_route(method, path, handler)
         # handler_cancellation: a client that hangs up cancels its request (its engine rows
-        # are freed), as a cancelled gRPC call does
+        # are freed), as a cancelled gRPC call does. Hardly a shutdown wait of its own: the
+        # server's drain (RunningServer.stop) has given calls their grace period before it stops
+        # this one, and what still runs then is cancelled, as grpc.aio's stop does (aiohttp
+        # reads a timeout of 0 as none at all).
         self.runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=grace_s
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_S
         )
         self.port = 0
 
@@ -141,10 +144,12 @@ class RestServer:
             )
         except web.HTTPMethodNotAllowed as err:
             allowed = ", ".join(sorted(err.allowed_methods))
-            return json_response(
+            response = json_response(
                 {"error": f"{request.method} is not served on {request.path[:200]}; use {allowed}"},
                 405,
             )
+            response.headers["Allow"] = allowed
+            return response
         except web.HTTPNotFound:
             return json_response(
                 {
