@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from serving.errors import InvalidArgument
 from serving.kserve.signature import Signature, TensorSpec
 from serving.kserve.tensors import BYTES, decode_tensor, encode_bytes
 from serving.proto_gen.inference import grpc_service_pb2 as pb
-from serving.rest.json_values import array_json, json_data, parameters_json, to_parameter
+from serving.rest.json_values import array_json, json_data, nested, parameters_json, to_parameter
 
 RESERVED = ("id", "parameters")
 
@@ -47,7 +45,7 @@ def _input(
         datatype = BYTES
     elif numeric is not None:
         datatype = numeric.datatype
-        dims = list(np.shape(value)) if isinstance(value, list) else []
+        dims = list(nested(value, f"input {name!r}")[1]) if isinstance(value, list) else []
         shape = [1, *dims]
         raw = json_data(
             value if isinstance(value, list) else [value], datatype, tuple(shape), f"input {name!r}"

@@ -11,19 +11,27 @@ parameter ``binary_data``, or the request parameter ``binary_data_output`` for a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from serving.errors import InvalidArgument
 from serving.kserve.tensors import check_datatype, check_shape, decode_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
-from serving.rest.json_values import array_json, json_data, parameters_from, parameters_json
+from serving.rest.json_values import (
+    array_json,
+    json_data,
+    parameters_from,
+    parameters_json,
+    utf8,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"  # input / output parameter: its bytes in the binary part
 BINARY_OUTPUT = "binary_data"  # requested output parameter: send it as binary data
 ALL_BINARY = "binary_data_output"  # request parameter: every output as binary data
 MAX_ID_CHARS = 1024
+SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \ud800-\udfff in a JSON string
 
 
 @dataclass
@@ -36,11 +44,30 @@ class RestRequest:
 
 
 def parse_json(body: bytes, what: str = "request body") -> Any:
-    """A body's JSON value."""
+    """A body's JSON value: UTF-8 (RFC 8259), no lone surrogate escapes in its strings."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        value = json.loads(body.decode())
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"the {what} is not UTF-8; send JSON in UTF-8") from None
+    except (ValueError, RecursionError) as err:  # ValueError: also 4,300+ digit integers
         raise InvalidArgument(f"the {what} is not valid JSON ({err}); send a JSON object") from None
+    if SURROGATE_ESCAPE.search(body):  # rare: only then walk every string
+        _check_text(value, f"the {what}")
+    return value
+
+
+def _check_text(value: Any, what: str) -> None:
+    """Raise InvalidArgument where a string (or key) of ``value`` is no valid Unicode."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            utf8(item, what)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:

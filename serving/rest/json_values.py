@@ -8,7 +8,6 @@ Parameters are JSON booleans, integers, reals or strings (``InferParameter``'s f
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,11 +28,12 @@ def to_parameter(name: str, value: Any, what: str) -> pb.InferParameter:
     if isinstance(value, int):
         if -INT64_MAX - 1 <= value <= INT64_MAX:
             return pb.InferParameter(int64_param=value)
-        if value <= UINT64_MAX:
+        if 0 <= value <= UINT64_MAX:
             return pb.InferParameter(uint64_param=value)
     elif isinstance(value, float) and math.isfinite(value):
         return pb.InferParameter(double_param=value)
     elif isinstance(value, str):
+        utf8(value, f"{what} parameter {name[:100]!r}")
         return pb.InferParameter(string_param=value)
     raise InvalidArgument(
         f"{what} parameter {name[:100]!r} is {_kind(value)}; a parameter must be a boolean, an "
@@ -70,70 +70,89 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _leaves(data: Any, what: str, depth: int = 0) -> Iterator[Any]:
-    """The elements of a flat or nested JSON array, in row-major order."""
-    if depth > MAX_NESTING:
-        raise InvalidArgument(f"{what} data nests deeper than {MAX_NESTING} arrays")
-    for item in data:
-        if isinstance(item, list):
-            yield from _leaves(item, what, depth + 1)
-        else:
-            yield item
+def nested(data: Any, what: str) -> tuple[list[Any], tuple[int, ...]]:
+    """The elements of a JSON array, flat or nested, in row-major order, and its nesting's
+    shape (``[[1, 2], [3, 4]]``: (2, 2)).
+
+    Raises:
+        InvalidArgument: ragged nesting (arrays of different lengths, or arrays beside values),
+            or more than ``MAX_NESTING`` levels.
+    """
+    if not isinstance(data, list):
+        raise InvalidArgument(f"{what} data must be a JSON array, not {_kind(data)}")
+    level: list[Any] = data
+    shape = [len(data)]
+    for _ in range(MAX_NESTING):
+        inner = [item for item in level if isinstance(item, list)]
+        if not inner:
+            return level, tuple(shape)
+        if len(inner) != len(level) or len({len(item) for item in inner}) != 1:
+            raise InvalidArgument(
+                f"{what} data is ragged (nested arrays of different lengths, or arrays beside "
+                "values); send the elements flat, in row-major order"
+            )
+        shape.append(len(inner[0]))
+        level = [element for item in inner for element in item]
+    raise InvalidArgument(f"{what} data nests deeper than {MAX_NESTING} arrays")
 
 
-def _numeric(data: list[Any], datatype: str, what: str) -> np.ndarray:
-    """JSON numbers (or booleans, for BOOL) as a flat array of ``datatype``."""
+def _numeric(elements: list[Any], datatype: str, what: str) -> np.ndarray:
+    """JSON numbers (booleans, for BOOL) as a flat array of ``datatype``."""
     dtype = NUMERIC_DTYPES[datatype]
-    try:
-        array = np.asarray(data)
-    except (ValueError, OverflowError) as err:  # ragged nesting; integers past 64 bits
-        raise InvalidArgument(
-            f"{what} data is not a regular array of numbers ({err}); send the elements flat, "
-            "in row-major order"
-        ) from None
-    if array.size == 0:
-        return np.empty(0, dtype=dtype)
-    kind = array.dtype.kind
-    wanted = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}[dtype.kind]
-    if kind not in wanted:
-        expect = {"b": "true / false", "f": "numbers"}.get(dtype.kind, "integers")
+    kinds = {type(e) for e in elements}
+    if dtype.kind == "b":
+        allowed, expect = {bool}, "true / false"
+    elif dtype.kind == "f":
+        allowed, expect = {int, float}, "numbers"
+    else:
+        allowed, expect = {int}, "integers"
+    if not kinds <= allowed:
         raise InvalidArgument(f"{what} is {datatype}: its data must hold {expect} only")
-    if dtype.kind in "iu":
+    if dtype.kind in "iu" and elements:
         info = np.iinfo(dtype)
-        low, high = array.min(), array.max()
-        if low < info.min or high > info.max:
+        if min(elements) < info.min or max(elements) > info.max:
             raise InvalidArgument(
                 f"{what} is {datatype}: its values must lie within {info.min}..{info.max}"
             )
-    return array.reshape(-1).astype(dtype)
+    try:
+        return np.array(elements, dtype=dtype)
+    except OverflowError:  # an integer literal past what a float holds (10**400)
+        raise InvalidArgument(f"{what} is {datatype}: a value is too large for it") from None
+
+
+def utf8(text: str, what: str) -> bytes:
+    """``text`` as UTF-8 (a JSON escape of a lone surrogate, such as \\ud800, is no text)."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument(
+            f"{what} holds a lone UTF-16 surrogate escape (such as \\ud800), which is no text; "
+            "send valid Unicode, or the bytes as binary data"
+        ) from None
 
 
 def json_data(data: Any, datatype: str, shape: tuple[int, ...], what: str) -> bytes:
     """A tensor's JSON ``data`` in its raw wire form (row-major, little-endian; BYTES
     length-prefixed), checked against its datatype and its shape's element count."""
-    if not isinstance(data, list):
-        raise InvalidArgument(f"{what} data must be a JSON array, not {_kind(data)}")
+    elements, _ = nested(data, what)
     count = math.prod(shape)
     if datatype == BYTES:
-        elements = list(_leaves(data, what))
-        strings = [e for e in elements if isinstance(e, str)]
-        if len(strings) != len(elements):
+        if not all(isinstance(e, str) for e in elements):
             raise InvalidArgument(
                 f"{what} is BYTES: its JSON data must hold strings only (send other bytes as "
                 "binary data)"
             )
-        found = len(strings)
+        raw = encode_bytes(utf8(e, what) for e in elements)
     elif datatype in NUMERIC_DTYPES:
-        array = _numeric(data, datatype, what)
-        found = array.size
+        raw = _numeric(elements, datatype, what).tobytes()
     else:
         raise InvalidArgument(f"{what} is {datatype[:40]}, which JSON cannot hold; send FP32")
-    if found != count:
+    if len(elements) != count:
         raise InvalidArgument(
-            f"{what} data holds {found} elements but its shape {format_shape(shape)} needs "
-            f"{count}; send one value per element"
+            f"{what} data holds {len(elements)} elements but its shape {format_shape(shape)} "
+            f"needs {count}; send one value per element"
         )
-    return encode_bytes(strings) if datatype == BYTES else array.tobytes()
+    return raw
 
 
 def array_json(array: np.ndarray, datatype: str) -> list[Any]:
