@@ -49,8 +49,13 @@ def parse_json(body: bytes, what: str = "request body") -> Any:
         value = json.loads(body.decode())
     except UnicodeDecodeError:
         raise InvalidArgument(f"the {what} is not UTF-8; send JSON in UTF-8") from None
-    except (ValueError, RecursionError) as err:  # ValueError: also 4,300+ digit integers
+    except json.JSONDecodeError as err:
         raise InvalidArgument(f"the {what} is not valid JSON ({err}); send a JSON object") from None
+    except (ValueError, RecursionError):  # an integer of 4,300+ digits; nesting past Python's
+        raise InvalidArgument(
+            f"the {what} holds a number of thousands of digits or nests too deep; send "
+            "values that fit their types"
+        ) from None
     if SURROGATE_ESCAPE.search(body):  # rare: only then walk every string
         _check_text(value, f"the {what}")
     return value
@@ -74,10 +79,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON part and the binary part of a body (``header_length``: the header's value)."""
     if header_length is None:
         return body, b""
-    try:
-        length = int(header_length)
-    except ValueError:
-        length = -1
+    digits = header_length.isascii() and header_length.isdigit()
+    length = int(header_length) if digits else -1
     if not 0 <= length <= len(body):
         raise InvalidArgument(
             f"{HEADER_LENGTH} is {header_length[:40]!r} for a body of {len(body)} bytes; it must "

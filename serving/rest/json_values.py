@@ -115,9 +115,15 @@ def _numeric(elements: list[Any], datatype: str, what: str) -> np.ndarray:
                 f"{what} is {datatype}: its values must lie within {info.min}..{info.max}"
             )
     try:
-        return np.array(elements, dtype=dtype)
-    except OverflowError:  # an integer literal past what a float holds (10**400)
+        with np.errstate(over="ignore"):  # an overflow to inf is refused below
+            array = np.array(elements, dtype=dtype)
+        if dtype.kind == "f" and not np.isfinite(array).all():  # NaN / Infinity literals pass
+            wide = np.array(elements, dtype=np.float64)
+            if (np.isinf(array) & np.isfinite(wide)).any():
+                raise OverflowError
+    except OverflowError:  # past what the type holds (70000 as FP16, 10**400 as anything)
         raise InvalidArgument(f"{what} is {datatype}: a value is too large for it") from None
+    return array
 
 
 def utf8(text: str, what: str) -> bytes:
