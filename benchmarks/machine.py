@@ -26,6 +26,7 @@ LIBRARIES = (
     "transformers",
     "numpy",
     "grpcio",
+    "aiohttp",
     "attnserve",
 )
 CPU_FLAG_PREFIXES = ("avx512", "avx2", "avx_vnni", "amx", "fma")

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer, repository: Path) -> int:
         repository / "vit",
         args.threads,
         not args.no_triton,
-        lambda address: measure(perf, address, size, args),
+        lambda peer: measure(perf, peer.address, size, args),
     )
     if peer is not None:
         results["triton"] = peer

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace, perf: PerfAnalyzer) -> int:
         args.repository / "vit",
         args.threads,
         not args.no_triton,
-        lambda address: measure(perf, address, *measure_here),
+        lambda peer: measure(perf, peer.address, *measure_here),
     )
     if peer is not None:
         results["triton"] = peer

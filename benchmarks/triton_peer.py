@@ -169,6 +169,11 @@ class TritonPeer:
     def address(self) -> str:
         return f"{self.spec['host']}:{self.spec['grpc_port']}"
 
+    @property
+    def http_address(self) -> str:
+        """Triton's HTTP/REST endpoint (KServe v2 over HTTP)."""
+        return f"{self.spec['host']}:{self.spec['http_port']}"
+
     def cpu_seconds(self) -> float | None:
         """CPU seconds of the whole peer: its Python, tritonserver and the backend stub."""
         return session_cpu_seconds(self.process.pid) if self.process is not None else None
@@ -231,9 +236,9 @@ class TritonPeer:
 
 
 def on_vit_peer(
-    entry: Path, threads: int, wanted: bool, measure: Callable[[str], T]
+    entry: Path, threads: int, wanted: bool, measure: Callable[[TritonPeer], T]
 ) -> tuple[T | None, dict[str, Any]]:
-    """``measure(address)`` on the Triton peer serving ``entry`` (a repository's ViT), then the
+    """``measure(peer)`` on the Triton peer serving ``entry`` (a repository's ViT), then the
     peer stopped: the result (None where not run) and the run's ``triton`` record (measured, or
     skipped with the reason: not ``wanted``, or the peer cannot run here)."""
     if not wanted:
@@ -243,6 +248,6 @@ def on_vit_peer(
     except PeerUnavailable as err:
         return None, {"status": "skipped", "reason": str(err)}
     try:
-        return measure(peer.address), {"status": "measured", "reason": None}
+        return measure(peer), {"status": "measured", "reason": None}
     finally:
         peer.stop()
