@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf import descriptor_pool
@@ -42,6 +42,9 @@ from serving.services.parsing import StrictParsing
 from serving.trace_control import TraceChanges
 from serving.tracing import Tracer
 
+if TYPE_CHECKING:  # imported where the port is on (aiohttp)
+    from serving.rest.server import RestServer
+
 log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.01  # how often a drain checks for calls still in flight
 
@@ -68,7 +71,7 @@ class RunningServer:
     authenticated: bool = False  # calls need a bearer token (health and reflection excepted)
     own_folder: Path | None = None  # removed on stop (this server's shared memory registry)
     poller: RepositoryPoller | None = None  # follows the repository folder (model control poll)
-    rest: Any = None  # the HTTP/REST server (serving.rest.server.RestServer), None when off
+    rest: RestServer | None = None  # the HTTP/REST server, None when off
 
     @property
     def http_port(self) -> int | None:
@@ -226,7 +229,7 @@ async def create_server(
 
 async def _start_rest(
     config: ServerConfig, kserve: KServeServicer, tokens: tuple[str, ...], reuse_port: bool
-) -> Any:
+) -> RestServer | None:
     """The HTTP/REST server on ``config.http_port`` (None where it is off; aiohttp is imported
     only then)."""
     if config.http_port < 0:

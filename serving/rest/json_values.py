@@ -99,7 +99,8 @@ def nested(data: Any, what: str) -> tuple[list[Any], tuple[int, ...]]:
 def _numeric(elements: list[Any], datatype: str, what: str) -> np.ndarray:
     """JSON numbers (booleans, for BOOL) as a flat array of ``datatype``."""
     dtype = NUMERIC_DTYPES[datatype]
-    kinds = {type(e) for e in elements}
+    kinds: set[type] = {type(e) for e in elements}
+    allowed: set[type]
     if dtype.kind == "b":
         allowed, expect = {bool}, "true / false"
     elif dtype.kind == "f":

@@ -8,6 +8,7 @@ writes its answer as Triton's HTTP endpoint does. A failed RPC reaches the error
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -184,9 +185,7 @@ class Routes:
                 call = prepare(model, message, None, servicer.regions)
                 async with contextlib.aclosing(stream_responses(call)) as responses:
                     async for answer in responses:
-                        if not stream.prepared:
-                            await stream.prepare(request)
-                        await stream.write(_event(generate_json(answer)))
+                        await _send(stream, request, _event(generate_json(answer)))
         except CallFailed as err:
             if not stream.prepared:
                 raise
@@ -311,6 +310,17 @@ def _repository_parameters(document: Any, parameters: Any) -> None:
             raise InvalidArgument(
                 f"parameter {key[:100]!r} must be a boolean, a 64-bit integer or a string"
             )
+
+
+async def _send(stream: web.StreamResponse, request: web.Request, event: bytes) -> None:
+    """Write an event (the headers first); a client that went away cancels the call, as a
+    cancelled gRPC stream does (counted CANCELLED, not as a server error)."""
+    try:
+        if not stream.prepared:
+            await stream.prepare(request)
+        await stream.write(event)
+    except ConnectionResetError:
+        raise asyncio.CancelledError from None
 
 
 def _event(document: Any) -> bytes:

@@ -10,16 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.perf_analyzer import REQUIREMENTS, PerfAnalyzer, find_perf_analyzer, parse_csv
+from benchmarks.perf_analyzer import REQUIREMENTS, PerfAnalyzer, parse_csv
 from tests.serving.server_thread import ServerThread
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    found = find_perf_analyzer()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 def _check(record: dict) -> None:

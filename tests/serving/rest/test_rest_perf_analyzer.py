@@ -8,19 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
-from benchmarks.perf_analyzer import PerfAnalyzer, find_perf_analyzer
+from benchmarks.perf_analyzer import PerfAnalyzer
 from tests.serving.kserve.test_perf_analyzer import _check
 from tests.serving.server_thread import ServerThread
-
-
-@pytest.fixture(scope="module")
-def perf_analyzer() -> PerfAnalyzer:
-    found = find_perf_analyzer()
-    if isinstance(found, str):
-        pytest.skip(found)
-    return found
 
 
 def _address(server: ServerThread) -> str:
