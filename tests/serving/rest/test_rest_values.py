@@ -11,7 +11,6 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from contract.repository import read_model_config
+from export.repository import model_config_for
 from serving.errors import InvalidArgument
 from serving.kserve.signature import Signature, signature
 from serving.kserve.tensors import (
@@ -46,6 +45,7 @@ from serving.rest.json_values import (
     to_parameter,
 )
 from serving.rest.proto_json import message_json
+from tests.repositories import tiny_sources
 
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=HEALTH)
@@ -59,10 +59,10 @@ FLOAT_DATATYPES = tuple(d for d, t in NUMERIC_DTYPES.items() if t.kind == "f")
 INT64_MIN, INT64_MAX, UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 EXPECT = {"b": "true / false", "f": "numbers", "i": "integers", "u": "integers"}
 
-REPOSITORY = Path(__file__).resolve().parents[3] / "model_repository"
+# the configs an export writes for the tiny models (the shipped models' shapes), without exporting
 SIGNATURES: dict[str, Signature] = {
-    name: signature(read_model_config(REPOSITORY / name))
-    for name in ("translator", "captioner", "vit")
+    source.kind: signature(model_config_for(source, source.kind, "fp32"))
+    for source in tiny_sources()
 }
 
 
