@@ -8,8 +8,11 @@ Starts ``attnserve serve`` on ``--repository`` (the shipped models exported into
 from ``--concurrency`` grpc.aio workers with a mix of Translate (1-3 texts), TranslateStream,
 Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes, translator
 text; ViT pixels in system shared memory, each call creating, registering, unregistering and
-removing its own region, where the server lists the extension) calls, every one with a valid
-request (texts the translator refuses as too long are left
+removing its own region, where the server lists the extension) calls, and, on the server's
+HTTP/REST port, KServe ``/infer`` on the ViT with binary data and Triton's ``/generate_stream``
+on the translator (server-sent events; a server started here serves the port; ``--address``
+drives gRPC only), every one with a valid request (texts the translator refuses as too long are
+left
 out of the mix first). Every ``--interval`` seconds it samples the resident memory of the server
 process and every process under it (VmRSS from /proc, summed: with ``--frontend-workers N`` the
 supervisor, the engine process and the N frontends), and each process's own RSS under its name
@@ -65,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import numpy as np
 
@@ -86,8 +90,10 @@ KINDS = (
     "kserve_vit",
     "kserve_translate",
     "kserve_vit_shm",
+    "http_vit",
+    "http_translate_stream",
 )
-WEIGHTS = (3, 3, 1, 1, 2, 1, 1, 1)  # translation is most of the traffic, as in the benchmarks
+WEIGHTS = (3, 3, 1, 1, 2, 1, 1, 1, 1, 1)  # translation is most of the traffic, as in the benchmarks
 SHM = Path("/dev/shm")
 
 
@@ -174,11 +180,20 @@ class Tally:
 class Traffic:
     """One connection's stubs and the calls of the mix."""
 
-    def __init__(self, channel: grpc.aio.Channel, inputs: Inputs, tally: Tally) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        inputs: Inputs,
+        tally: Tally,
+        http: aiohttp.ClientSession | None = None,
+        http_url: str = "",
+    ) -> None:
         self.stub = pb_grpc.AttnServeStub(channel)
         self.kserve = kpb_grpc.GRPCInferenceServiceStub(channel)
         self.inputs = inputs
         self.tally = tally
+        self.http = http  # KServe v2 over HTTP/REST at http_url (None: not served)
+        self.http_url = http_url
 
     async def translate(self, i: int) -> None:
         picked = [self.inputs.texts[(i + k) % len(self.inputs.texts)] for k in range(1 + i % 3)]
@@ -278,6 +293,58 @@ class Traffic:
         text = outputs["translation"][0].decode()
         self.tally.answer("kserve_translate", ("text", source, language), text)
 
+    async def http_vit(self, i: int) -> None:
+        """KServe ``/infer`` over HTTP/REST with binary data: a PNG (BYTES) or normalised
+        pixels (FP32); the label back as JSON."""
+        assert self.http is not None
+        index = i % len(self.inputs.pixels)
+        values: Any = self.inputs.pixels[index : index + 1]
+        name, datatype = "pixel_values", "FP32"
+        if i % 2 == 0:
+            name, datatype, values = "image", "BYTES", [self.inputs.digits[index]]
+        tensor, raw = input_tensor(name, datatype, values)
+        assert raw is not None  # raw contents by default
+        header = json.dumps(
+            {
+                "id": str(i),
+                "inputs": [
+                    {
+                        "name": name,
+                        "datatype": datatype,
+                        "shape": list(tensor.shape),
+                        "parameters": {"binary_data_size": len(raw)},
+                    }
+                ],
+                "outputs": [{"name": "label"}],
+            }
+        ).encode()
+        url = f"{self.http_url}/v2/models/vit/infer"
+        headers = {"Inference-Header-Content-Length": str(len(header))}
+        async with self.http.post(url, data=header + raw, headers=headers) as answer:
+            body = await answer.read()
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}: {body[:300]!r}")
+        (label,) = json.loads(body)["outputs"][0]["data"]
+        self.tally.answer("http_vit", ("digit", index), label)
+
+    async def http_translate_stream(self, i: int) -> None:
+        """Triton's ``/generate_stream`` over HTTP/REST: server-sent events, the text deltas
+        joined, the last event final."""
+        assert self.http is not None
+        source, language = self.inputs.texts[i % len(self.inputs.texts)]
+        url = f"{self.http_url}/v2/models/translator/generate_stream"
+        async with self.http.post(
+            url, json={"text": source, "target_language": language}
+        ) as answer:
+            body = await answer.read()
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}: {body[:300]!r}")
+        events = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: ")]
+        if not events or "error" in events[-1] or not events[-1]["parameters"]["final"]:
+            raise ValueError(f"stream did not end with a final event: {body[-300:]!r}")
+        text = "".join(event["translation"] for event in events)
+        self.tally.answer("http_translate_stream", ("text", source, language), text)
+
 
 def _in_region(parameters: Any, region: str, byte_size: int, offset: int) -> None:
     parameters["shared_memory_region"].string_param = region
@@ -315,16 +382,21 @@ async def drive(
     reload_every: float = 0.0,
     pid: int | None = None,
     folder: Path | None = None,
+    http_url: str = "",
 ) -> None:
     """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s); with
     ``reload_every``, the served models reloaded in turn that often meanwhile (by RPC, or through
     the polled repository ``folder``; and the server tree's RSS after each, where ``pid`` is
-    given)."""
+    given); the ``http_*`` kinds go to ``http_url`` (KServe v2 over HTTP/REST)."""
     rng = np.random.default_rng(seed)
     weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
     probabilities = weights / weights.sum()
-    async with grpc.aio.insecure_channel(address) as channel:
-        traffic = Traffic(channel, inputs, tally)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with (
+        grpc.aio.insecure_channel(address) as channel,
+        aiohttp.ClientSession(timeout=timeout) as http,
+    ):
+        traffic = Traffic(channel, inputs, tally, http, http_url)
         calls: dict[str, Callable[[int], Awaitable[None]]] = {k: getattr(traffic, k) for k in kinds}
         counter = iter(range(1 << 62))
 
@@ -521,6 +593,7 @@ def soak(
     window = window or max(3 * interval, 0.1 * (duration - warmup))
     inputs = Inputs.make()
     server = None
+    http_url = ""  # the server's HTTP/REST port (a server started here serves one)
     traces_folder = Path(tempfile.mkdtemp(prefix="attnserve-soak-traces-"))
     polled = None
     if reload_every and reload_by == "folder" and address is None:
@@ -539,12 +612,18 @@ def soak(
         if trace_rate:
             flags += ("--trace-file", str(traces_folder / "trace.json"))
             flags += ("--trace-level", "TIMESTAMPS", "--trace-rate", str(trace_rate))
+        flags += ("--http-port", "0")
         server = ServeProcess(polled or repository, *flags, keep_lines=200).start()
         address, pid = f"127.0.0.1:{server.port}", server.pid
+        http_url = f"http://127.0.0.1:{server.http_port}"
     assert pid is not None
     inputs = asyncio.run(usable_texts(address, inputs))
     shm = SHM.is_dir() and asyncio.run(_serves_shared_memory(address))
-    kinds = KINDS if shm else tuple(kind for kind in KINDS if kind != "kserve_vit_shm")
+    kinds = tuple(
+        kind
+        for kind in KINDS
+        if (shm or kind != "kserve_vit_shm") and (http_url or not kind.startswith("http_"))
+    )
     processes = len(process_tree(pid))
     fds = {"start": open_fds(pid)}
     tally = Tally()
@@ -563,6 +642,7 @@ def soak(
                 reload_every=reload_every,
                 pid=pid,
                 folder=polled,
+                http_url=http_url,
             )
         )
         fds["end"] = open_fds(pid)
