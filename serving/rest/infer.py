@@ -21,6 +21,7 @@ from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.rest.json_values import (
     array_json,
     json_data,
+    parameter_value,
     parameters_from,
     parameters_json,
     utf8,
@@ -89,7 +90,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
+def json_object(value: Any, what: str) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else InvalidArgument naming ``what``."""
     if not isinstance(value, dict):
         raise InvalidArgument(f"{what} must be a JSON object")
     return value
@@ -116,7 +118,7 @@ def _input(
 ) -> tuple[pb.ModelInferRequest.InferInputTensor, bytes | None, int]:
     """One ``inputs`` entry as a tensor header and its raw data (None: in shared memory);
     returns the new offset."""
-    entry = _object(entry, f"inputs[{index}]")
+    entry = json_object(entry, f"inputs[{index}]")
     name = _string(entry.get("name"), f"inputs[{index}].name", 256)
     what = f"input {name[:100]!r}"
     datatype = _string(entry.get("datatype"), f"{what} datatype", 40)
@@ -148,7 +150,7 @@ def _input(
 
 
 def parameter_int(parameter: pb.InferParameter, what: str) -> int:
-    value = parameters_json({"v": parameter})["v"]
+    value = parameter_value(parameter)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidArgument(f"{what} must be an integer >= 0, got {value!r}")
     return value
@@ -156,7 +158,7 @@ def parameter_int(parameter: pb.InferParameter, what: str) -> int:
 
 def _output(entry: Any, index: int) -> tuple[pb.ModelInferRequest.InferRequestedOutputTensor, Any]:
     """One ``outputs`` entry, and its ``binary_data`` parameter (None: not given)."""
-    entry = _object(entry, f"outputs[{index}]")
+    entry = json_object(entry, f"outputs[{index}]")
     name = _string(entry.get("name"), f"outputs[{index}].name", 256)
     parameters = parameters_from(entry.get("parameters"), f"output {name[:100]!r}")
     binary = parameters.pop(BINARY_OUTPUT, None)
@@ -171,7 +173,7 @@ def parse_infer(
 ) -> RestRequest:
     """An ``/infer`` body as a ``ModelInferRequest`` for the model named by the URL."""
     json_part, binary_part = split_body(body, header_length)
-    document = _object(parse_json(json_part), "the request body")
+    document = json_object(parse_json(json_part), "the request body")
     inputs = document.get("inputs")
     if not isinstance(inputs, list):
         raise InvalidArgument(
@@ -209,7 +211,7 @@ def parse_infer(
 
 
 def _bool(parameter: pb.InferParameter, what: str) -> bool:
-    value = parameters_json({"v": parameter})["v"]
+    value = parameter_value(parameter)
     if not isinstance(value, bool):
         raise InvalidArgument(f"{what} must be true or false, got {value!r}")
     return value

@@ -24,7 +24,13 @@ from serving.kserve.signature import signature
 from serving.kserve.stream import stream_responses
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.rest.generate import generate_json, generate_request
-from serving.rest.infer import HEADER_LENGTH, parse_infer, parse_json, response_body
+from serving.rest.infer import (
+    HEADER_LENGTH,
+    json_object,
+    parse_infer,
+    parse_json,
+    response_body,
+)
 from serving.rest.json_values import parameters_json
 from serving.rest.proto_json import message_json
 from serving.services.common import error_message, served_call
@@ -219,7 +225,7 @@ class Routes:
     async def trace_setting(self, request: web.Request) -> web.Response:
         message = pb.TraceSettingRequest(model_name=request.match_info.get("name", ""))
         if request.method == "POST":
-            for key, value in _object(await _body(request), "trace settings").items():
+            for key, value in json_object(await _body(request), "trace settings").items():
                 values = [value] if isinstance(value, str) else [] if value is None else value
                 if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
                     raise InvalidArgument(
@@ -240,7 +246,7 @@ class Routes:
     async def log_settings(self, request: web.Request) -> web.Response:
         message = pb.LogSettingsRequest()
         if request.method == "POST":
-            for key, value in _object(await _body(request), "log settings").items():
+            for key, value in json_object(await _body(request), "log settings").items():
                 setting = message.settings[key]
                 if isinstance(value, bool):
                     setting.bool_param = value
@@ -263,7 +269,7 @@ class Routes:
         return json_response([message_json(region) for region in answer.regions.values()])
 
     async def shm_register(self, request: web.Request) -> web.Response:
-        document = _object(await _body(request), "the register request body")
+        document = json_object(await _body(request), "the register request body")
         key, offset, size = (
             document.get("key"),
             document.get("offset", 0),
@@ -290,16 +296,10 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"{what} must be a JSON object")
-    return value
-
-
 def _repository_parameters(document: Any, parameters: Any) -> None:
     """A load / unload body's ``parameters`` into the request's (their checks are the RPC's)."""
-    values = _object(document, "the request body").get("parameters", {})
-    for key, value in _object(values, '"parameters"').items():
+    values = json_object(document, "the request body").get("parameters", {})
+    for key, value in json_object(values, '"parameters"').items():
         if isinstance(value, bool):
             parameters[key].bool_param = value
         elif isinstance(value, int) and -(2**63) <= value < 2**63:

@@ -5,6 +5,7 @@ with gRPC's message and the HTTP status of gRPC's code."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
 from types import ModuleType
@@ -134,6 +135,8 @@ def test_a_compressed_response_is_smaller(url: str) -> None:
     assert plain.status == packed.status == 200
     assert packed.headers.get("content-encoding") == "gzip"
     assert "content-encoding" not in plain.headers
+    assert len(packed.body) < len(plain.body)  # urllib leaves the gzip body as it came
+    assert json.loads(gzip.decompress(packed.body)) == plain.json()
 
 
 def test_plain_json_nested_and_flat(url: str, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
