@@ -173,7 +173,8 @@ async def create_server(
     logs = logs or LogChanges(LogControl(LogSettings.for_level(config.log_level)))
     regions, own_folder = _shared_memory(config)
     kserve = KServeServicer(repository, metrics, state, regions, control, traces, logs)
-    health = _add_services(server, repository, metrics, state, kserve)
+    attnserve = AttnServeServicer(repository, metrics, state)
+    health = _add_services(server, attnserve, kserve)
     address = f"{config.host}:{config.port}"
     if credentials is None:
         port = server.add_insecure_port(address)
@@ -186,7 +187,7 @@ async def create_server(
         raise OSError(f"cannot bind {config.host}:{config.port}; is the port in use?")
     await server.start()
     try:
-        rest = await _start_rest(config, kserve, tokens, reuse_port)
+        rest = await _start_rest(config, kserve, attnserve, tokens, reuse_port)
     except OSError:
         await server.stop(0)
         await repository.stop(0)
@@ -228,7 +229,11 @@ async def create_server(
 
 
 async def _start_rest(
-    config: ServerConfig, kserve: KServeServicer, tokens: tuple[str, ...], reuse_port: bool
+    config: ServerConfig,
+    kserve: KServeServicer,
+    attnserve: AttnServeServicer,
+    tokens: tuple[str, ...],
+    reuse_port: bool,
 ) -> RestServer | None:
     """The HTTP/REST server on ``config.http_port`` (None where it is off; aiohttp is imported
     only then)."""
@@ -236,7 +241,9 @@ async def _start_rest(
         return None
     from serving.rest.server import RestServer
 
-    rest = RestServer(kserve, tokens, server_ssl_context(config), config.max_message_bytes)
+    rest = RestServer(
+        kserve, attnserve, tokens, server_ssl_context(config), config.max_message_bytes
+    )
     await rest.start(config.host, config.http_port, reuse_port)
     return rest
 
@@ -268,16 +275,10 @@ def _grpc_server(
 
 
 def _add_services(
-    server: grpc.aio.Server,
-    repository: ModelRepository,
-    metrics: ServingMetrics,
-    state: ServerState,
-    kserve: KServeServicer,
+    server: grpc.aio.Server, attnserve: AttnServeServicer, kserve: KServeServicer
 ) -> HealthServicer:
     """Both APIs, health and reflection; returns the health servicer (drain turns it off)."""
-    attnserve_pb2_grpc.add_AttnServeServicer_to_server(
-        AttnServeServicer(repository, metrics, state), server
-    )
+    attnserve_pb2_grpc.add_AttnServeServicer_to_server(attnserve, server)
     grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(kserve, server)
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

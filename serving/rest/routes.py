@@ -42,6 +42,28 @@ SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Contro
 HTTP_EXTENSIONS = ("binary_tensor_data", "generate")
 
 
+# A failed RPC's gRPC status as an HTTP status (the error's message is the body's "error").
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return HTTP_STATUS.get(code, 500)
+
+
 class CallFailed(Exception):
     """An RPC's failure: its gRPC status and message."""
 
@@ -191,11 +213,11 @@ class Routes:
                 call = prepare(model, message, None, servicer.regions)
                 async with contextlib.aclosing(stream_responses(call)) as responses:
                     async for answer in responses:
-                        await _send(stream, request, _event(generate_json(answer)))
+                        await send_event(stream, request, sse_event(generate_json(answer)))
         except CallFailed as err:
             if not stream.prepared:
                 raise
-            await stream.write(_event({"error": err.message}))
+            await stream.write(sse_event({"error": err.message}))
         await stream.write_eof()
         return stream
 
@@ -312,7 +334,7 @@ def _repository_parameters(document: Any, parameters: Any) -> None:
             )
 
 
-async def _send(stream: web.StreamResponse, request: web.Request, event: bytes) -> None:
+async def send_event(stream: web.StreamResponse, request: web.Request, event: bytes) -> None:
     """Write an event (the headers first); a client that went away cancels the call, as a
     cancelled gRPC stream does (counted CANCELLED, not as a server error)."""
     try:
@@ -323,5 +345,5 @@ async def _send(stream: web.StreamResponse, request: web.Request, event: bytes) 
         raise asyncio.CancelledError from None
 
 
-def _event(document: Any) -> bytes:
+def sse_event(document: Any) -> bytes:
     return b"data: " + json.dumps(document, ensure_ascii=False).encode() + b"\n\n"

@@ -10,40 +10,38 @@ import grpc
 from aiohttp import web
 
 from serving.errors import ServingError
-from serving.rest.routes import CallFailed, Handler, Routes, json_response
+from serving.openai.responses import error_document
+from serving.openai.routes import OpenAIRoutes
+from serving.rest.routes import CallFailed, Handler, Routes, http_status, json_response
 from serving.security import BearerTokenInterceptor
+from serving.services.attnserve import AttnServeServicer
 from serving.services.kserve import KServeServicer
 
 log = logging.getLogger(__name__)
 SHUTDOWN_S = 0.05  # what a request still running after the drain's grace period gets
 OPEN_PREFIX = "/v2/health/"  # health answers without a token, as grpc.health.v1 does
 
-# A failed RPC's gRPC status as an HTTP status (the error's message is the body's "error").
-HTTP_STATUS: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
+OPENAI_PREFIX = "/v1/"  # the OpenAI-compatible routes answer errors in OpenAI's shape
 
 
-def error_response(code: grpc.StatusCode, message: str) -> web.Response:
-    """Triton's error body, ``{"error": message}``, with the status of ``code``."""
-    return json_response({"error": message}, HTTP_STATUS.get(code, 500))
+def error_response(
+    path: str, status: int, message: str, code: grpc.StatusCode | None = None
+) -> web.Response:
+    """An error answer: Triton's ``{"error": message}``, or OpenAI's error object on the
+    OpenAI-compatible routes."""
+    if path.startswith(OPENAI_PREFIX):
+        name = None if code is None else code.name
+        return json_response(error_document(status, message, name), status)
+    return json_response({"error": message}, status)
 
 
-def _route_table(routes: Routes) -> list[tuple[str, str, Handler]]:
+def _route_table(routes: Routes, openai: OpenAIRoutes) -> list[tuple[str, str, Handler]]:
     """(method, path, handler) of every route, in matching order."""
     table: list[tuple[str, str, Handler]] = [
+        ("GET", "/v1/models", openai.models),
+        ("GET", "/v1/models/{model}", openai.model),
+        ("POST", "/v1/completions", openai.completions),
+        ("POST", "/v1/chat/completions", openai.chat),
         ("GET", "/v2/health/live", routes.live),
         ("GET", "/v2/health/ready", routes.ready),
         ("GET", "/v2", routes.server_metadata),
@@ -77,7 +75,8 @@ def _route_table(routes: Routes) -> list[tuple[str, str, Handler]]:
 
 
 class RestServer:
-    """KServe v2 over HTTP/REST beside the gRPC port, answered by the same servicer.
+    """KServe v2 and the OpenAI-compatible routes over HTTP/REST beside the gRPC port,
+    answered by the same servicers.
 
     ``tokens``: accepted bearer tokens (empty: no authentication); ``ssl_context``: TLS (None:
     plain HTTP); ``max_body_bytes``: the largest request body (the gRPC message limit).
@@ -86,6 +85,7 @@ class RestServer:
     def __init__(
         self,
         servicer: KServeServicer,
+        attnserve: AttnServeServicer,
         tokens: tuple[str, ...],
         ssl_context: ssl.SSLContext | None,
         max_body_bytes: int,
@@ -96,7 +96,7 @@ class RestServer:
         app = web.Application(
             client_max_size=max_body_bytes, middlewares=[self._errors, self._authenticate]
         )
-        for method, path, handler in _route_table(Routes(servicer)):
+        for method, path, handler in _route_table(Routes(servicer), OpenAIRoutes(attnserve)):
             app.router.add_route(method, path, handler)
         # handler_cancellation: a client that hangs up cancels its request (its engine rows
         # are freed), as a cancelled gRPC call does. Hardly a shutdown wait of its own: the
@@ -127,43 +127,46 @@ class RestServer:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Every failure as ``{"error": ...}`` with an HTTP status that says what kind."""
+        """Every failure as an error body (``error_response``) with an HTTP status that says
+        what kind."""
+        path = request.path
         try:
             return await handler(request)
         except CallFailed as err:
-            return error_response(err.code, err.message)
+            return error_response(path, http_status(err.code), err.message, err.code)
         except ServingError as err:
-            return error_response(err.code, str(err))
+            return error_response(path, http_status(err.code), str(err), err.code)
         except web.HTTPRequestEntityTooLarge:
-            return json_response(
-                {
-                    "error": f"the request body is larger than {self.max_body_bytes} bytes, the "
-                    "server's max_message_bytes; send less, or raise --max-message-bytes"
-                },
+            return error_response(
+                path,
                 413,
+                f"the request body is larger than {self.max_body_bytes} bytes, the server's "
+                "max_message_bytes; send less, or raise --max-message-bytes",
             )
         except web.HTTPMethodNotAllowed as err:
             allowed = ", ".join(sorted(err.allowed_methods))
-            response = json_response(
-                {"error": f"{request.method} is not served on {request.path[:200]}; use {allowed}"},
-                405,
-            )
+            message = f"{request.method} is not served on {path[:200]}; use {allowed}"
+            response = error_response(path, 405, message)
             response.headers["Allow"] = allowed
             return response
         except web.HTTPNotFound:
-            return json_response(
-                {
-                    "error": f"no route {request.method} {request.path[:200]}: use a KServe v2 "
-                    "REST route such as GET /v2/models/NAME or POST /v2/models/NAME/infer "
-                    "(README: HTTP/REST)"
-                },
+            routes = (
+                "an OpenAI route: GET /v1/models, POST /v1/completions or POST /v1/chat/completions"
+                if path.startswith(OPENAI_PREFIX)
+                else "a KServe v2 REST route such as GET /v2/models/NAME or POST "
+                "/v2/models/NAME/infer"
+            )
+            return error_response(
+                path,
                 404,
+                f"no route {request.method} {path[:200]}: use {routes} (README: HTTP/REST)",
             )
         except web.HTTPException as err:
-            return json_response({"error": err.text or err.reason}, err.status)
+            return error_response(path, err.status, err.text or err.reason)
         except Exception as err:  # a bug: logged, and the client still gets a JSON answer
-            log.exception("internal error in %s %s", request.method, request.path[:200])
-            return error_response(grpc.StatusCode.INTERNAL, f"internal error: {type(err).__name__}")
+            log.exception("internal error in %s %s", request.method, path[:200])
+            code = grpc.StatusCode.INTERNAL
+            return error_response(path, 500, f"internal error: {type(err).__name__}", code)
 
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -175,6 +178,7 @@ class RestServer:
         problem = self.auth.problem(values)
         if problem is None:
             return await handler(request)
-        response = error_response(grpc.StatusCode.UNAUTHENTICATED, problem)
+        code = grpc.StatusCode.UNAUTHENTICATED
+        response = error_response(request.path, 401, problem, code)
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
