@@ -9,15 +9,15 @@ from ``--concurrency`` grpc.aio workers with a mix of Translate (1-3 texts), Tra
 Caption, CaptionStream, Classify and KServe ModelInfer (ViT pixels and PNG bytes, translator
 text; ViT pixels in system shared memory, each call creating, registering, unregistering and
 removing its own region, where the server lists the extension) calls, and, on the server's
-HTTP/REST port, KServe ``/infer`` on the ViT with binary data and Triton's ``/generate_stream``
-on the translator (server-sent events; a server started here serves the port; ``--address``
-drives gRPC only), every one with a valid request (texts the translator refuses as too long are
-left
-out of the mix first). Every ``--interval`` seconds it samples the resident memory of the server
-process and every process under it (VmRSS from /proc, summed: with ``--frontend-workers N`` the
-supervisor, the engine process and the N frontends), and each process's own RSS under its name
-(``comm``: ``attnserve``, ``attnserve-eng``, ``attnserve-fe0``, ...), so that growth can be
-traced to a process.
+HTTP/REST port, KServe ``/infer`` on the ViT with binary data, Triton's ``/generate_stream`` on
+the translator (server-sent events), OpenAI's streamed ``/v1/chat/completions`` on the
+translator and its unary one on the captioner (a server started here serves the port;
+``--address`` drives gRPC only), every one with a valid request (texts the translator refuses as
+too long are left out of the mix first). Every ``--interval`` seconds it samples the resident
+memory of the server process and every process under it (VmRSS from /proc, summed: with
+``--frontend-workers N`` the supervisor, the engine process and the N frontends), and each
+process's own RSS under its name (``comm``: ``attnserve``, ``attnserve-eng``, ``attnserve-fe0``,
+...), so that growth can be traced to a process.
 
 An error is any call that does not end OK, or a greedy answer that differs from the first
 answer the same input got (every input repeats). RSS growth is measured after the warm-up: the
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -92,8 +93,23 @@ KINDS = (
     "kserve_vit_shm",
     "http_vit",
     "http_translate_stream",
+    "openai_translate_stream",
+    "openai_caption",
 )
-WEIGHTS = (3, 3, 1, 1, 2, 1, 1, 1, 1, 1)  # translation is most of the traffic, as in the benchmarks
+WEIGHTS = (
+    3,
+    3,
+    1,
+    1,
+    2,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+    1,
+)  # translation is most of the traffic, as in the benchmarks
 SHM = Path("/dev/shm")
 
 
@@ -345,6 +361,50 @@ class Traffic:
         text = "".join(event["translation"] for event in events)
         self.tally.answer("http_translate_stream", ("text", source, language), text)
 
+    async def openai_translate_stream(self, i: int) -> None:
+        """OpenAI's ``/v1/chat/completions`` streamed (greedy): the content deltas joined,
+        ``[DONE]`` last."""
+        assert self.http is not None
+        source, language = self.inputs.texts[i % len(self.inputs.texts)]
+        body = {
+            "model": "translator",
+            "messages": [{"role": "user", "content": source}],
+            "temperature": 0,
+            "stream": True,
+            "target_language": language,
+        }
+        events = await self._openai("/v1/chat/completions", body)
+        if events[-1] != "[DONE]" or json.loads(events[-2])["choices"][0]["finish_reason"] is None:
+            raise ValueError(f"stream did not end with a finish reason and [DONE]: {events[-2:]}")
+        chunks = [json.loads(event)["choices"][0]["delta"] for event in events[:-1]]
+        text = "".join(delta.get("content") or "" for delta in chunks)
+        self.tally.answer("openai_translate_stream", ("text", source, language), text)
+
+    async def openai_caption(self, i: int) -> None:
+        """OpenAI's ``/v1/chat/completions`` (greedy) on the captioner: a PNG as a data URL."""
+        index = i % len(self.inputs.scenes)
+        url = "data:image/png;base64," + base64.b64encode(self.inputs.scenes[index]).decode()
+        part = {"type": "image_url", "image_url": {"url": url}}
+        body = {
+            "model": "captioner",
+            "messages": [{"role": "user", "content": [part]}],
+            "temperature": 0,
+        }
+        (answer,) = await self._openai("/v1/chat/completions", body)
+        text = json.loads(answer)["choices"][0]["message"]["content"]
+        self.tally.answer("openai_caption", ("scene", index), text)
+
+    async def _openai(self, route: str, body: dict[str, Any]) -> list[str]:
+        """An OpenAI route's answer: the body, or a stream's ``data:`` events."""
+        assert self.http is not None
+        async with self.http.post(f"{self.http_url}{route}", json=body) as answer:
+            text = (await answer.read()).decode()
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}: {text[:300]!r}")
+        if not body.get("stream"):
+            return [text]
+        return [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
+
 
 def _in_region(parameters: Any, region: str, byte_size: int, offset: int) -> None:
     parameters["shared_memory_region"].string_param = region
@@ -387,7 +447,7 @@ async def drive(
     """``concurrency`` workers calling the mix (``kinds``) until ``stop_at`` (monotonic s); with
     ``reload_every``, the served models reloaded in turn that often meanwhile (by RPC, or through
     the polled repository ``folder``; and the server tree's RSS after each, where ``pid`` is
-    given); the ``http_*`` kinds go to ``http_url`` (KServe v2 over HTTP/REST)."""
+    given); the ``http_*`` and ``openai_*`` kinds go to ``http_url`` (the HTTP/REST port)."""
     rng = np.random.default_rng(seed)
     weights = np.asarray([WEIGHTS[KINDS.index(kind)] for kind in kinds], dtype=float)
     probabilities = weights / weights.sum()
@@ -622,7 +682,8 @@ def soak(
     kinds = tuple(
         kind
         for kind in KINDS
-        if (shm or kind != "kserve_vit_shm") and (http_url or not kind.startswith("http_"))
+        if (shm or kind != "kserve_vit_shm")
+        and (http_url or not kind.startswith(("http_", "openai_")))
     )
     processes = len(process_tree(pid))
     fds = {"start": open_fds(pid)}

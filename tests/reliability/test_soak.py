@@ -1,7 +1,8 @@
 """A short soak (``make soak`` runs the 10-minute one on the shipped models).
 
 ``benchmarks.soak`` drives mixed traffic (Translate, TranslateStream, Caption, CaptionStream,
-Classify, KServe ModelInfer, the ViT's through system shared memory) from 8 concurrent grpc.aio
+Classify, KServe ModelInfer, the ViT's through system shared memory; HTTP/REST and OpenAI
+routes) from 8 concurrent grpc.aio
 workers against an ``attnserve serve``
 process on the tiny repository for ``ATTNSERVE_SOAK_SECONDS`` (default 45) seconds, sampling the
 server's resident memory every second. Asserted: no call failed and every repeated input got
