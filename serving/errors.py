@@ -48,6 +48,12 @@ class ResourceExhausted(ServingError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class TooLarge(ResourceExhausted):
+    """The input exceeds a size limit (too long a text, too many texts, too big an image): the
+    same request fails again, unlike a full queue (HTTP answers it 400 on the OpenAI routes,
+    whose clients retry a 429)."""
+
+
 class OutOfRange(ServingError):
     """A value lies past a model's range (e.g. more tokens than its position table)."""
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from serving.errors import InvalidArgument, ResourceExhausted, ServingError
+from serving.errors import InvalidArgument, ServingError, TooLarge
 from serving.kserve.parameters import (
     int_parameter,
     request_priority,
@@ -144,7 +144,7 @@ def _batch_size(model: ServedModel, inputs: dict[str, Tensor]) -> int:
         raise InvalidArgument(f"input {name!r} is empty (N = 0); send at least one element")
     limit = max_batch(model.config)
     if n > limit:
-        raise ResourceExhausted(
+        raise TooLarge(
             f"input {name!r} holds {n} elements; model {model.name!r} takes at most {limit} per "
             "request (max_batch_size): split the request"
         )
@@ -163,7 +163,7 @@ def prepare(
     Raises:
         InvalidArgument: bad tensors, names, datatypes, shapes, outputs or parameters.
         NotFound: a shared memory region or object that does not exist.
-        ResourceExhausted: more elements than the model takes per request.
+        TooLarge: more elements than the model takes per request.
     """
     sig = signature(model.config)
     inputs = decode_inputs(request, shared_inputs(request, regions))

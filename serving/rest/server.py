@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from serving.errors import ServingError
+from serving.errors import ServingError, TooLarge
 from serving.openai.responses import error_document
 from serving.openai.routes import OpenAIRoutes
 from serving.rest.routes import CallFailed, Handler, Routes, http_status, json_response
@@ -33,6 +33,15 @@ def error_response(
         name = None if code is None else code.name
         return json_response(error_document(status, message, name), status)
     return json_response({"error": message}, status)
+
+
+def _status(path: str, code: grpc.StatusCode, error: BaseException | None) -> int:
+    """The HTTP status of a failure; on the OpenAI routes a size limit is 400, not 429: OpenAI's
+    clients retry a 429, and the same request fails again (OpenAI answers a prompt past the
+    context length 400 too)."""
+    if path.startswith(OPENAI_PREFIX) and isinstance(error, TooLarge):
+        return 400
+    return http_status(code)
 
 
 def _route_table(routes: Routes, openai: OpenAIRoutes) -> list[tuple[str, str, Handler]]:
@@ -132,10 +141,11 @@ class RestServer:
         path = request.path
         try:
             return await handler(request)
-        except CallFailed as err:
-            return error_response(path, http_status(err.code), err.message, err.code)
+        except CallFailed as err:  # raised while the servicer handled the ServingError
+            status = _status(path, err.code, err.__context__)
+            return error_response(path, status, err.message, err.code)
         except ServingError as err:
-            return error_response(path, http_status(err.code), str(err), err.code)
+            return error_response(path, _status(path, err.code, err), str(err), err.code)
         except web.HTTPRequestEntityTooLarge:
             return error_response(
                 path,

@@ -34,7 +34,7 @@ from serving.engine.requests import (
     TokenEvent,
 )
 from serving.engine.slots import power_of_two_buckets
-from serving.errors import InvalidArgument, ResourceExhausted
+from serving.errors import InvalidArgument, TooLarge
 from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
 from serving.generation.stop import StopMatcher
@@ -340,7 +340,7 @@ class ServedGenerator(ServedEntry):
 
         Raises:
             InvalidArgument: not a text model, empty text, unknown target language.
-            ResourceExhausted: the text is longer than the model's source limit.
+            TooLarge: the text is longer than the model's source limit.
         """
         if self.text is None:
             raise InvalidArgument(f"model {self.name!r} does {self.config.task}, not translation")
@@ -351,7 +351,7 @@ class ServedGenerator(ServedEntry):
 
         Raises:
             InvalidArgument: not an image model; empty or undecodable data.
-            ResourceExhausted: the encoded image exceeds ``limits.max_image_bytes``.
+            TooLarge: the encoded image exceeds ``limits.max_image_bytes``.
         """
         if self.images is None:
             raise InvalidArgument(f"model {self.name!r} takes text, not images")
@@ -367,13 +367,13 @@ class ServedGenerator(ServedEntry):
 
         Raises:
             InvalidArgument: a bad option.
-            ResourceExhausted: more beams than the decode batch has rows (such a request could
+            TooLarge: more beams than the decode batch has rows (such a request could
                 never be admitted: it would wait until its deadline).
         """
         checked = options.validate(self.config.limits.max_new_tokens, prefix_tokens)
         rows = self.engine.max_rows
         if checked.beam_size > rows:
-            raise ResourceExhausted(
+            raise TooLarge(
                 f"beam_size {checked.beam_size} needs {checked.beam_size} decode rows; model "
                 f"{self.name!r} runs at most {rows} (batching.max_active_sequences): ask for "
                 f"beam_size 1..{rows}"

@@ -16,7 +16,7 @@ from contract.model_config import ImageSpec, TokenizerSpec
 from contract.normalize import SourceNormalizer
 from contract.text import TextTokenizer
 from contract.tokenizer import TokenizerError
-from serving.errors import InvalidArgument, ResourceExhausted
+from serving.errors import InvalidArgument, TooLarge
 
 
 class TextSource:
@@ -70,7 +70,7 @@ class TextSource:
 
         Raises:
             InvalidArgument: empty text (before or after normalising), unknown target language.
-            ResourceExhausted: the text is longer than the model's source limit.
+            TooLarge: the text is longer than the model's source limit.
         """
         if not text or not text.strip():
             raise InvalidArgument("text is empty; send the text to translate")
@@ -93,8 +93,8 @@ class TextSource:
             raise self._too_long(f"{len(ids)} tokens")
         return np.asarray(ids, dtype=np.int64)
 
-    def _too_long(self, size: str) -> ResourceExhausted:
-        return ResourceExhausted(
+    def _too_long(self, size: str) -> TooLarge:
+        return TooLarge(
             f"the text is {size} long; model {self.model!r} accepts at most "
             f"{self.max_source_length} source tokens: split it into shorter texts"
         )
@@ -126,7 +126,7 @@ class TargetPrefix:
         Raises:
             InvalidArgument: the prefix holds a special token (EOS, padding, a piece outside the
                 vocabulary that becomes ``<unk>``): the output would not start with the text.
-            ResourceExhausted: more tokens than the model's outputs leave room for.
+            TooLarge: more tokens than the model's outputs leave room for.
         """
         if not text:
             return ()
@@ -138,8 +138,8 @@ class TargetPrefix:
             raise self._too_long(f"{len(ids)} tokens")
         return tuple(ids)
 
-    def _too_long(self, size: str) -> ResourceExhausted:
-        return ResourceExhausted(
+    def _too_long(self, size: str) -> TooLarge:
+        return TooLarge(
             f"the target prefix is {size} long; model {self.model!r} writes at most "
             f"{self.max_tokens + 1} tokens (limits.max_new_tokens) and a prefix must leave room "
             f"for one: send at most {self.max_tokens} tokens"
@@ -240,12 +240,12 @@ class ImageSource:
 
         Raises:
             InvalidArgument: empty or undecodable image data.
-            ResourceExhausted: the encoded image exceeds ``max_bytes``.
+            TooLarge: the encoded image exceeds ``max_bytes``.
         """
         if not data:
             raise InvalidArgument("image is empty; send PNG or JPEG bytes")
         if len(data) > self.max_bytes:
-            raise ResourceExhausted(
+            raise TooLarge(
                 f"the image is {len(data)} bytes; model {self.model!r} accepts at most "
                 f"{self.max_bytes}"
             )

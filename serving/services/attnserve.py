@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from serving.errors import InvalidArgument, ResourceExhausted
+from serving.errors import InvalidArgument, TooLarge
 from serving.generation.options import DecodingOptions
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
@@ -139,7 +139,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             raise InvalidArgument("texts is empty; send at least one text to translate")
         limit = model.config.limits.max_texts_per_request
         if len(request.texts) > limit:
-            raise ResourceExhausted(
+            raise TooLarge(
                 f"{len(request.texts)} texts in one request; the limit is {limit}: split it"
             )
         options = decoding_options(request.options)
