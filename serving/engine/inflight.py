@@ -422,7 +422,10 @@ class InFlightEngine:
             assert request.pixels is not None
             images.append(request.pixels)
         pixels = np.stack(images).astype(self.runner.kv_dtype)
-        return self.runner.encode({"pixel_values": pixels}, device)
+        encoded = self.runner.encode({"pixel_values": pixels}, device)
+        for request in joiners:
+            request.encoded_positions = int(encoded.mask.shape[1])
+        return encoded
 
     def _step(self) -> None:
         started = self.clock()
@@ -762,7 +765,7 @@ class InFlightEngine:
         computed = self.clock() - seq.admitted
         self.meters.request_computed(computed)
         finish = FinishEvent(
-            input_tokens=request.source_tokens,
+            input_tokens=request.input_tokens,
             queue_seconds=seq.admitted - request.arrival,
             compute_seconds=computed,
             **event,

@@ -93,6 +93,9 @@ class GenerationRequest:
         self.bad_words = bad_words
         # set by ``finish_at``: the tokens the output keeps (a stop string ended it)
         self.keep: int | None = None
+        # an image's encoder positions (its patches), set by its encoder pass: the input
+        # tokens its usage reports
+        self.encoded_positions: int | None = None
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: EventChannel | None = None
@@ -109,6 +112,14 @@ class GenerationRequest:
     @property
     def source_tokens(self) -> int:
         return len(self.source_ids) if self.source_ids is not None else 1
+
+    @property
+    def input_tokens(self) -> int:
+        """What the request's usage counts as its input: the source's tokens, or the image's
+        encoder positions (1 before its encoder pass)."""
+        if self.source_ids is None and self.encoded_positions is not None:
+            return self.encoded_positions
+        return self.source_tokens
 
     def is_cancelled(self) -> bool:
         return self._cancelled.is_set()

@@ -85,8 +85,9 @@ class OpenAIRoutes:
 
     # --- completions ----------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = await _json(request)
+        body: Any = None
         try:
+            body = await _json(request)
             plan = completion_plan(body)
             model = self._generator(plan.model)
             if model.config.task != "translation":
@@ -100,8 +101,9 @@ class OpenAIRoutes:
         return await self._answer(request, plan, model)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await _json(request)
+        body: Any = None
         try:
+            body = await _json(request)
             plan = chat_plan(body)
             model = self._generator(plan.model)
             if model.config.task == "translation":
@@ -241,14 +243,16 @@ class OpenAIRoutes:
 
 
 class _ChoiceState:
-    """One streamed choice: its echo, token texts and text offset."""
+    """One streamed choice: its echo, token texts and the text offset of its next token (the
+    tokens' texts so far, not the text sent: a stream holds back text that may start a stop
+    string)."""
 
     def __init__(self, response: Response, plan: Plan, index: int) -> None:
         self.response = response
         self.index = index
         self.echo = plan.texts[index // plan.n] if plan.echo else ""
         self.tokens = TokenTexts(response.tokenizer) if plan.logprobs else None
-        self.offset = 0
+        self.offset = len(self.echo)
 
     def chunk(self, message: Any) -> dict[str, Any]:
         """The chunk of one message of the attnserve API's stream."""
@@ -259,7 +263,7 @@ class _ChoiceState:
         if self.tokens is not None:
             tokens = self.tokens.add(message.token_ids)
             logprobs = self.response.logprobs(tokens, message.token_log_probs, self.offset)
-        self.offset += len(text)
+            self.offset += sum(len(token) for token in tokens)
         return self.response.chunk(self.index, text, None, logprobs)
 
 

@@ -94,6 +94,21 @@ def test_caption_and_caption_stream(shipped: ServerThread) -> None:
     assert streamed == captions[0]
 
 
+def test_caption_usage_counts_the_image_encoder_positions(shipped: ServerThread) -> None:
+    """A caption's input tokens are what its decoder attends to: the image's patches and the
+    encoder's class token (not 1, as before the encoder pass), unary and streamed alike."""
+    from models.captioner import PRESETS
+
+    (image, _), *_ = shapes.generate(1, seed=3, split="test")
+    request = pb.CaptionRequest(image=encode_png(image))
+    with grpc.insecure_channel(shipped.address) as channel:
+        stub = pb_grpc.AttnServeStub(channel)
+        unary = stub.Caption(request, timeout=30)
+        last = list(stub.CaptionStream(request, timeout=30))[-1]
+    positions = PRESETS["shapes"].num_patches + 1
+    assert unary.usage.input_tokens == last.usage.input_tokens == positions
+
+
 def test_target_prefixes_of_the_shipped_models(shipped: ServerThread) -> None:
     """A prefix of the model's own first word gives its output again; another prefix steers
     it (the README's examples); a caption's first words as its prefix give the caption."""
