@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +152,14 @@ def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | 
     value = body.get(key)
     if value is None:
         return None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1e308:
+        value = float("inf") if value > 0 else float("-inf")  # past a float: out of range
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
         raise InvalidArgument(
             f'"{key}" must be a number from {low:g} to {high:g}, got {_show(value)}'
         )
@@ -199,7 +207,8 @@ def _check_fields(body: Any, allowed: tuple[str, ...], route: str) -> dict[str, 
 def _refuse_unserved(body: dict[str, Any]) -> None:
     """Fields OpenAI has that these models do not serve, unless they ask for nothing."""
     for key in ("presence_penalty", "frequency_penalty"):
-        if body.get(key) not in (None, 0, 0.0):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or value not in (0, 0.0)):
             raise InvalidArgument(
                 f'"{key}" is not served; leave it at 0 and use "repetition_penalty" (above 1 '
                 'penalises repeated tokens) or "no_repeat_ngram_size"'
@@ -209,8 +218,10 @@ def _refuse_unserved(body: dict[str, Any]) -> None:
         raise InvalidArgument('"logit_bias" is not served; leave it out (or use "bad_words")')
     if body.get("suffix") not in (None, ""):
         raise InvalidArgument('"suffix" is not served: these models write after the prompt only')
-    if body.get("tools") not in (None, []) or body.get("tool_choice") not in (None, "none"):
-        raise InvalidArgument('"tools" are not served: these models call no functions')
+    for key, neutral in (("tools", []), ("tool_choice", "none")):
+        if body.get(key) not in (None, neutral):
+            raise InvalidArgument(f'"{key}" is not served: these models call no functions')
+    _bool(body, "parallel_tool_calls")  # meaningless without tools, but a boolean
     form = body.get("response_format")
     if form is not None and form != {"type": "text"}:
         raise InvalidArgument('"response_format" other than {"type": "text"} is not served')
@@ -330,9 +341,9 @@ def chat_plan(body: Any) -> Plan:
             '"top_logprobs" above 0 asks for the most likely other tokens, which are not '
             'served: leave it at 0 ("logprobs": true reports the chosen tokens\')'
         )
+    legacy = _int(body, "max_tokens", 1, MAX_INT32)  # OpenAI's older name: the newer wins
     max_tokens = _int(body, "max_completion_tokens", 1, MAX_INT32)
-    if max_tokens is None:
-        max_tokens = _int(body, "max_tokens", 1, MAX_INT32)
+    max_tokens = legacy if max_tokens is None else max_tokens
     texts, images = message_content(body.get("messages"))
     return _plan(
         body,
@@ -364,6 +375,7 @@ def message_content(messages: Any) -> tuple[str, tuple[bytes, ...]]:
     unknown = sorted(set(message) - {"role", "content", "name"})
     if unknown:
         raise InvalidArgument(f"unknown field {unknown[0][:60]!r} in the message")
+    _string(message, "name")  # the participant's name: a string, not otherwise used
     content = message.get("content")
     if isinstance(content, str):
         return content, ()

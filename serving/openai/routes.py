@@ -290,8 +290,13 @@ async def _merged(streams: list[tuple[int, AsyncIterator[Any]]]) -> AsyncIterato
             async with contextlib.aclosing(source) as messages:  # type: ignore[type-var]
                 async for message in messages:
                     queue.put_nowait((index, message, None, False))
-        except Exception as err:  # any failure (a bug too) ends the merged stream
+        except BaseException as err:  # any failure (a bug too) ends the merged stream
+            # (a CancelledError too: this task's own, from the merge's end, finds no reader;
+            # a source's, from a future something else cancelled, must not leave the merge
+            # waiting for this source's end)
             queue.put_nowait((index, None, err, True))
+            if not isinstance(err, Exception):
+                raise
         else:
             queue.put_nowait((index, None, None, True))
 
