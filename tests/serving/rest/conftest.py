@@ -5,6 +5,7 @@ helper (urllib) for what those clients do not send."""
 from __future__ import annotations
 
 import json
+import secrets
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ import pytest
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.serving.server_thread import ServerThread
 
+TOKEN = secrets.token_urlsafe(24)
+OTHER_TOKEN = secrets.token_urlsafe(24)
 TRITON_HTTP = "tritonclient[http] is not installed (pip install 'tritonclient[http]>=2.50')"
 TRITON_GRPC = "tritonclient[grpc] is not installed (pip install 'tritonclient[grpc]>=2.50')"
 
@@ -89,3 +92,20 @@ def stub(server: ServerThread) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
     """A KServe stub of the same server's gRPC port (what HTTP answers are compared with)."""
     with grpc.insecure_channel(server.address) as channel:
         yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture(scope="package")
+def tokened(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The HTTP base URL of a second server (the ViT and the translator, system shared memory
+    on, plain HTTP) that takes TOKEN and OTHER_TOKEN."""
+    tokens = tmp_path_factory.mktemp("tokens") / "tokens.txt"
+    tokens.write_text(f"# accepted tokens\n{TOKEN}\n{OTHER_TOKEN}\n")
+    with ServerThread(
+        tiny_repository,
+        http_port=0,
+        metrics_port=-1,
+        models=("vit", "translator"),
+        system_shared_memory=True,
+        auth_token_file=str(tokens),
+    ) as running:
+        yield running.http_url

@@ -17,13 +17,11 @@ import asyncio
 import base64
 import io
 import json
-import secrets
 import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -35,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from tests.serving.rest.conftest import Answer, request
+from tests.serving.rest.conftest import TOKEN, Answer, request
 from tests.serving.server_thread import ServerThread
 
 TIMEOUT = 30
@@ -55,7 +53,6 @@ ERROR_TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
 }
-TOKEN = secrets.token_urlsafe(24)
 
 
 def png(seed: int = 1) -> bytes:
@@ -978,21 +975,6 @@ def test_calls_are_counted_as_the_native_methods(
 
 
 # --- bearer tokens -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tokened(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The HTTP base URL of a server (the translator only) that takes TOKEN."""
-    tokens = tmp_path_factory.mktemp("openai_tokens") / "tokens.txt"
-    tokens.write_text(f"{TOKEN}\n")
-    with ServerThread(
-        tiny_repository,
-        http_port=0,
-        metrics_port=-1,
-        models=("translator",),
-        auth_token_file=str(tokens),
-    ) as running:
-        yield running.http_url
-
-
 def test_bearer_tokens(tokened: str) -> None:
     def made(key: str) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{tokened}/v1", api_key=key, max_retries=0, timeout=TIMEOUT)

@@ -25,11 +25,9 @@ import numpy as np
 import pytest
 
 from tests.reliability.tls_files import TlsFiles, make_tls_files
-from tests.serving.rest.conftest import TRITON_HTTP, Answer, request
+from tests.serving.rest.conftest import OTHER_TOKEN, TOKEN, TRITON_HTTP, Answer, request
 from tests.serving.server_thread import ServerThread
 
-TOKEN = secrets.token_urlsafe(24)
-OTHER_TOKEN = secrets.token_urlsafe(24)
 TIMEOUT = 30
 VIT_JSON = {
     "inputs": [{"name": "image", "datatype": "UINT8", "shape": [1, 32, 32, 3], "data": [0] * 3072}]
@@ -76,22 +74,6 @@ def assert_unauthenticated(answer: Answer, words: str, what: str) -> None:
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_tls_files(tmp_path_factory.mktemp("tls"))
-
-
-@pytest.fixture(scope="module")
-def tokened(tiny_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The HTTP base URL of a server that takes TOKEN and OTHER_TOKEN (plain HTTP)."""
-    tokens = tmp_path_factory.mktemp("tokens") / "tokens.txt"
-    tokens.write_text(f"# accepted tokens\n{TOKEN}\n{OTHER_TOKEN}\n")
-    with ServerThread(
-        tiny_repository,
-        http_port=0,
-        metrics_port=-1,
-        models=("vit",),
-        system_shared_memory=True,
-        auth_token_file=str(tokens),
-    ) as running:
-        yield running.http_url
 
 
 @pytest.fixture(scope="module")
