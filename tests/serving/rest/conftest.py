@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.serving.server_thread import ServerThread
@@ -55,6 +56,20 @@ def request(
     except urllib.error.HTTPError as err:
         found = {k.lower(): v for k, v in err.headers.items()}
         return Answer(err.code, found, err.read())
+
+
+def requests_total(server: ServerThread, model: str, method: str, code: str) -> float:
+    """attnserve_requests_total{model, method, code} from the server's /metrics."""
+    text = request(server.metrics_url).body.decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "attnserve_requests_total"
+        and sample.labels.get("model") == model
+        and sample.labels.get("method") == method
+        and sample.labels.get("code") == code
+    )
 
 
 @pytest.fixture(scope="package")

@@ -29,11 +29,10 @@ import numpy as np
 import openai
 import pytest
 from PIL import Image
-from prometheus_client.parser import text_string_to_metric_families
 
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
-from tests.serving.rest.conftest import TOKEN, Answer, request
+from tests.serving.rest.conftest import TOKEN, Answer, request, requests_total
 from tests.serving.server_thread import ServerThread
 
 TIMEOUT = 30
@@ -158,20 +157,6 @@ def assert_openai_error(answer: Answer, status: int, code: str | None, *words: s
     for word in words:
         assert word in error["message"], error["message"]
     return error["message"]
-
-
-def requests_total(server: ServerThread, model: str, method: str, code: str) -> float:
-    """attnserve_requests_total{model, method, code} from the server's /metrics."""
-    text = request(server.metrics_url).body.decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "attnserve_requests_total"
-        and sample.labels.get("model") == model
-        and sample.labels.get("method") == method
-        and sample.labels.get("code") == code
-    )
 
 
 def slow_steps(monkeypatch: pytest.MonkeyPatch, cache: Any, seconds: float) -> None:

@@ -18,7 +18,7 @@ from contract.images import encode_png
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.proto_gen.inference import grpc_service_pb2_grpc as pb_grpc
 from tests.serving.kserve.infer_requests import digit_images, infer_request
-from tests.serving.rest.conftest import request
+from tests.serving.rest.conftest import request, requests_total
 from tests.serving.server_thread import ServerThread
 
 TEXTS = [b"three hundred and twelve", b"doce", b"trois cent douze"]
@@ -299,23 +299,9 @@ def test_malformed_bodies(url: str, body: bytes, headers: dict[str, str], words:
 
 
 def test_failed_parses_are_counted(url: str, server: ServerThread) -> None:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def failures() -> float:
-        text = request(server.metrics_url).body.decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "attnserve_requests_total"
-            and sample.labels.get("method") == "ModelInfer"
-            and sample.labels.get("code") == "INVALID_ARGUMENT"
-            and sample.labels.get("model") == "vit"
-        )
-
-    before = failures()
+    before = requests_total(server, "vit", "ModelInfer", "INVALID_ARGUMENT")
     assert request(f"{url}/v2/models/vit/infer", b"{").status == 400
-    assert failures() == before + 1
+    assert requests_total(server, "vit", "ModelInfer", "INVALID_ARGUMENT") == before + 1
 
 
 def test_unknown_model_and_version(url: str) -> None:
