@@ -96,20 +96,8 @@ KINDS = (
     "openai_translate_stream",
     "openai_caption",
 )
-WEIGHTS = (
-    3,
-    3,
-    1,
-    1,
-    2,
-    1,
-    1,
-    1,
-    1,
-    1,
-    1,
-    1,
-)  # translation is most of the traffic, as in the benchmarks
+# translation is most of the traffic, as in the benchmarks
+WEIGHTS = (3, 3, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1)
 SHM = Path("/dev/shm")
 
 
@@ -348,16 +336,11 @@ class Traffic:
         joined, the last event final."""
         assert self.http is not None
         source, language = self.inputs.texts[i % len(self.inputs.texts)]
-        url = f"{self.http_url}/v2/models/translator/generate_stream"
-        async with self.http.post(
-            url, json={"text": source, "target_language": language}
-        ) as answer:
-            body = await answer.read()
-        if answer.status != 200:
-            raise ValueError(f"HTTP {answer.status}: {body[:300]!r}")
-        events = [json.loads(e[6:]) for e in body.decode().split("\n\n") if e.startswith("data: ")]
+        body = {"text": source, "target_language": language}
+        route = "/v2/models/translator/generate_stream"
+        events = [json.loads(e) for e in await self._post(route, body, stream=True)]
         if not events or "error" in events[-1] or not events[-1]["parameters"]["final"]:
-            raise ValueError(f"stream did not end with a final event: {body[-300:]!r}")
+            raise ValueError(f"stream did not end with a final event: {events[-1:]}")
         text = "".join(event["translation"] for event in events)
         self.tally.answer("http_translate_stream", ("text", source, language), text)
 
@@ -373,7 +356,7 @@ class Traffic:
             "stream": True,
             "target_language": language,
         }
-        events = await self._openai("/v1/chat/completions", body)
+        events = await self._post("/v1/chat/completions", body, stream=True)
         if events[-1] != "[DONE]" or json.loads(events[-2])["choices"][0]["finish_reason"] is None:
             raise ValueError(f"stream did not end with a finish reason and [DONE]: {events[-2:]}")
         chunks = [json.loads(event)["choices"][0]["delta"] for event in events[:-1]]
@@ -390,18 +373,19 @@ class Traffic:
             "messages": [{"role": "user", "content": [part]}],
             "temperature": 0,
         }
-        (answer,) = await self._openai("/v1/chat/completions", body)
+        (answer,) = await self._post("/v1/chat/completions", body)
         text = json.loads(answer)["choices"][0]["message"]["content"]
         self.tally.answer("openai_caption", ("scene", index), text)
 
-    async def _openai(self, route: str, body: dict[str, Any]) -> list[str]:
-        """An OpenAI route's answer: the body, or a stream's ``data:`` events."""
+    async def _post(self, route: str, body: dict[str, Any], stream: bool = False) -> list[str]:
+        """A JSON POST to the HTTP/REST port: the answer's body, or (``stream``) its
+        server-sent events' ``data:``."""
         assert self.http is not None
         async with self.http.post(f"{self.http_url}{route}", json=body) as answer:
             text = (await answer.read()).decode()
         if answer.status != 200:
             raise ValueError(f"HTTP {answer.status}: {text[:300]!r}")
-        if not body.get("stream"):
+        if not stream:
             return [text]
         return [e[6:] for e in text.split("\n\n") if e.startswith("data: ")]
 

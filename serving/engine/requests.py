@@ -93,8 +93,8 @@ class GenerationRequest:
         self.bad_words = bad_words
         # set by ``finish_at``: the tokens the output keeps (a stop string ended it)
         self.keep: int | None = None
-        # an image's encoder positions (its patches), set by its encoder pass: the input
-        # tokens its usage reports
+        # an image's encoder positions (its patches and class token), set by its encoder pass:
+        # the input tokens its usage reports
         self.encoded_positions: int | None = None
         self._cancelled = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 from aiohttp import web
@@ -85,43 +85,53 @@ class OpenAIRoutes:
 
     # --- completions ----------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, completion_plan, self._completion_model)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, chat_plan, self._chat_model)
+
+    async def _serve(
+        self,
+        request: web.Request,
+        parse: Callable[[Any], Plan],
+        model_of: Callable[[Plan], ServedGenerator],
+    ) -> web.StreamResponse:
+        """A route's request: its body parsed (``parse``) and checked against its model
+        (``model_of``), each refusal counted, then answered."""
         body: Any = None
         try:
             body = await _json(request)
-            plan = completion_plan(body)
-            model = self._generator(plan.model)
-            if model.config.task != "translation":
-                raise InvalidArgument(
-                    f"model {plan.model!r} captions images: send the image to "
-                    '/v1/chat/completions as an "image_url" part of the user message'
-                )
+            plan = parse(body)
+            model = model_of(plan)
             self._check_language(plan, model)
         except ServingError as err:
             self._refused(body, err)
         return await self._answer(request, plan, model)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body: Any = None
-        try:
-            body = await _json(request)
-            plan = chat_plan(body)
-            model = self._generator(plan.model)
-            if model.config.task == "translation":
-                if plan.images or not plan.texts:
-                    raise InvalidArgument(
-                        f"model {plan.model!r} translates text: send the text as the user "
-                        "message's content, without images"
-                    )
-            elif len(plan.images) != 1 or any(t.strip() for t in plan.texts):
+    def _completion_model(self, plan: Plan) -> ServedGenerator:
+        model = self._generator(plan.model)
+        if model.config.task != "translation":
+            raise InvalidArgument(
+                f"model {plan.model!r} captions images: send the image to "
+                '/v1/chat/completions as an "image_url" part of the user message'
+            )
+        return model
+
+    def _chat_model(self, plan: Plan) -> ServedGenerator:
+        model = self._generator(plan.model)
+        if model.config.task == "translation":
+            if plan.images or not plan.texts:
                 raise InvalidArgument(
-                    f"model {plan.model!r} captions one image: send the user message's content "
-                    'as one "image_url" part and no text (the text a caption starts with goes '
-                    'in "prefix")'
+                    f"model {plan.model!r} translates text: send the text as the user "
+                    "message's content, without images"
                 )
-            self._check_language(plan, model)
-        except ServingError as err:
-            self._refused(body, err)
-        return await self._answer(request, plan, model)
+        elif len(plan.images) != 1 or any(t.strip() for t in plan.texts):
+            raise InvalidArgument(
+                f"model {plan.model!r} captions one image: send the user message's content as "
+                'one "image_url" part and no text (the text a caption starts with goes in '
+                '"prefix")'
+            )
+        return model
 
     def _refused(self, body: Any, err: ServingError) -> NoReturn:
         """A request refused before its call ran, counted in the metrics as that call (the
