@@ -18,14 +18,14 @@ PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("tr
 
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> None:
-    setups = "none,both,scores,samples"
+    setups = "none,both,samples"  # "scores" runs as "none" does, with other options (below)
     args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", setups]
     args += ["--beam-sizes", "1,3", "--batches", "2", "--new-tokens", "6"]
     assert repetition_controls.main(args) == 0
     (path,) = tmp_path.glob("repetition-controls-*-tiny.json")
     result = json.loads(path.read_text())
     points = {(p["setup"], p["beam_size"]): p for p in result["points"]}
-    assert set(points) == {(s, b) for s in ("none", "both", "scores") for b in (1, 3)} | {
+    assert set(points) == {(s, b) for s in ("none", "both") for b in (1, 3)} | {
         ("samples", 1)  # sampling has no beams
     }
     samples = points[("samples", 1)]
@@ -35,8 +35,6 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
         seconds = sorted(runs["runs_s"])[0]
         assert samples["new_tokens_per_s"][name] == pytest.approx(2 * 6 * 5 / seconds, rel=0.01)
     assert points[("both", 3)]["controls"] == repetition_controls.SETUPS["both"]
-    assert points[("scores", 1)]["controls"]["attnserve-beam"] == {"return_log_probs": True}
-    assert points[("scores", 3)]["controls"]["attnserve-beam"] == {}  # beams score anyway
     assert not result["skipped"]  # every engine took its options
     assert {"attnserve-fp32-greedy", "hf-generate-kv"} <= set(points[("both", 1)]["runs"])
     assert "attnserve-fp32-beam3" in points[("both", 3)]["runs"]
@@ -47,10 +45,17 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
     for beam in (1, 3):
         plain, both = points[("none", beam)], points[("both", beam)]
         assert set(plain["vs_none"].values()) == {1.0}
-        assert set(points[("scores", beam)]["runs"]) == set(plain["runs"])
         for name, rate in both["new_tokens_per_s"].items():
             expected = rate / plain["new_tokens_per_s"][name]
             assert both["vs_none"][name] == pytest.approx(expected, abs=1e-3)
+
+
+def test_the_scores_setup_asks_greedy_rows_only_for_log_probs() -> None:
+    controls = repetition_controls.setup_controls
+    assert controls("scores", 1)["attnserve-beam"] == {"return_log_probs": True}
+    assert controls("scores", 3)["attnserve-beam"] == {}  # beams score anyway
+    assert controls("scores", 3)["hf"] == controls("scores", 1)["hf"]
+    assert controls("both", 3) == repetition_controls.SETUPS["both"]
 
 
 def _tiny() -> tuple[Path, Path, Path]:
