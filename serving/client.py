@@ -52,6 +52,8 @@ class TextResult:
     score: float = 0.0
     alternatives: tuple[str, ...] = ()
     token_log_probs: tuple[float, ...] = ()  # with return_log_probs=True
+    # with top_log_probs=k: per token, its position's k most likely (token id, log-prob)
+    top_log_probs: tuple[tuple[tuple[int, float], ...], ...] = ()
 
 
 @dataclass
@@ -59,6 +61,11 @@ class Label:
     label: str
     index: int
     score: float
+
+
+def _top_log_probs(tops: Any) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """``TopLogProbs`` messages as (token id, log-prob) pairs per position."""
+    return tuple(tuple(zip(t.token_ids, t.log_probs, strict=True)) for t in tops)
 
 
 def decoding_options(**options: Any) -> pb.DecodingOptions:
@@ -177,6 +184,7 @@ class AttnServeClient:
                 t.score,
                 tuple(a.text for a in t.alternatives),
                 tuple(t.token_log_probs),
+                _top_log_probs(t.top_log_probs),
             )
             for t in response.translations
         ]
@@ -227,6 +235,7 @@ class AttnServeClient:
             r.score,
             tuple(a.text for a in r.alternatives),
             tuple(r.token_log_probs),
+            _top_log_probs(r.top_log_probs),
         )
 
     def caption_stream(

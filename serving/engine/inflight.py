@@ -474,6 +474,8 @@ class InFlightEngine:
                 token = seq.sampler.choose(logits[first], count, history)
                 if seq.sampler.log_probs:
                     state.log_probs[seq.slot, count] = seq.sampler.last_log_prob
+                    if seq.sampler.top:
+                        seq.tops.append(seq.sampler.last_top)
                 if count + 1 == seq.forced and seq.greedy_after:  # past its target prefix
                     seq.greedy = True
                     self._layout.make_greedy(index)
@@ -701,7 +703,8 @@ class InFlightEngine:
         state.next_id[slot] = token
         if seq.options.return_log_probs:  # with its log-probability: never in token columns
             log_prob = float(state.log_probs[slot, done])
-            self._outbox.post(seq.request, TokenEvent(token, done, log_prob))
+            top = seq.tops[done] if seq.tops else None
+            self._outbox.post(seq.request, TokenEvent(token, done, log_prob, top))
         else:
             self._outbox.post_token(seq.request, token, done)
         if done + 1 >= seq.limit:
@@ -736,8 +739,9 @@ class InFlightEngine:
         chosen = self._state.log_probs[seq.slot, : count + (reason == "stop")]
         log_probs = chosen[:count].tolist()
         score = float(chosen.sum())
+        tops = seq.tops[:count] if seq.options.top_log_probs else None
         return self._post_finish(
-            seq, reason=reason, tokens=tokens, log_probs=log_probs, score=score
+            seq, reason=reason, tokens=tokens, log_probs=log_probs, score=score, top_log_probs=tops
         )
 
     def _finish_beam(self, seq: ActiveSequence) -> bool:

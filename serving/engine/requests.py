@@ -19,6 +19,7 @@ import numpy as np
 
 from serving.engine.loop_wake import call_soon_threadsafe
 from serving.generation.options import DecodingOptions
+from serving.generation.top_tokens import TopTokens
 
 _ids = itertools.count()
 
@@ -30,6 +31,7 @@ class TokenEvent:
     token_id: int
     index: int  # 0-based position in the output
     log_prob: float | None = None  # the token's log-probability (``return_log_probs``)
+    top: TopTokens | None = None  # the position's most likely tokens (``top_log_probs``)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class FinishEvent:
     # ``return_log_probs`` their tokens' log-probabilities
     alternatives: list[tuple[list[int], float, bool]] = field(default_factory=list)
     alternative_log_probs: list[list[float]] | None = None
+    top_log_probs: list[TopTokens] | None = None  # ``top_log_probs``: one per token of ``tokens``
     input_tokens: int = 0
     queue_seconds: float = 0.0  # arrival to admission
     compute_seconds: float = 0.0  # admission to this finish

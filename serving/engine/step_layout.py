@@ -20,6 +20,7 @@ from serving.engine.row_state import FIXED, RowState
 from serving.generation.beam import BeamSearch
 from serving.generation.history_rules import HistoryRules
 from serving.generation.sampling import RowSampler
+from serving.generation.top_tokens import TopTokens
 
 
 class ActiveSequence:
@@ -41,6 +42,7 @@ class ActiveSequence:
         self.greedy = False
         self.greedy_after = False
         self.forced_eos_at = -1
+        self.tops: list[TopTokens] = []  # ``top_log_probs``: each position's, chosen in order
         # the request's bad words and the model's own (``DecoderSpec.bad_words``)
         bad_words = request.bad_words + spec.bad_words
         rules = HistoryRules.of(self.options, spec.decoder_start_id, bad_words)

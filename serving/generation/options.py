@@ -22,6 +22,7 @@ MAX_SAMPLES = 16  # outputs of one sampled text: the output and its alternatives
 MAX_BAD_WORDS = 64  # ``bad_words`` entries of one request
 MAX_STOP = 16  # ``stop`` strings of one request
 MAX_WORD_CHARS = 256  # characters of one bad word or stop string
+MAX_TOP_LOG_PROBS = 20  # ``top_log_probs`` of one request (OpenAI's and vLLM's cap)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class DecodingOptions:
             history_rules``).
         stop: strings that end the output where they first appear in its text; the text ends
             before the stop string (``serving.generation.stop``); greedy decoding and sampling.
+        top_log_probs: with ``return_log_probs``, also this many most likely tokens at each
+            output position and their log-probabilities, from the distribution the chosen
+            token's log-probability comes from; greedy decoding and sampling; 0 = none.
     """
 
     max_new_tokens: int | None = None
@@ -66,6 +70,7 @@ class DecodingOptions:
     return_log_probs: bool = False
     bad_words: tuple[str, ...] = ()
     stop: tuple[str, ...] = ()
+    top_log_probs: int = 0
 
     @property
     def sampling(self) -> bool:
@@ -114,6 +119,7 @@ class DecodingOptions:
         self._check_repetition_penalty()
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
         self._check_return_log_probs()
+        self._check_top_log_probs()
         bad_words = _check_strings("bad_words", self.bad_words, MAX_BAD_WORDS, blank=False)
         stop = _check_strings("stop", self.stop, MAX_STOP, blank=True)
         if stop and self.beam_size > 1:
@@ -162,6 +168,21 @@ class DecodingOptions:
         if not isinstance(self.return_log_probs, bool):
             raise InvalidArgument(
                 f"return_log_probs must be true or false, got {self.return_log_probs!r}"
+            )
+
+    def _check_top_log_probs(self) -> None:
+        _check_int("top_log_probs", self.top_log_probs, 0, MAX_TOP_LOG_PROBS)
+        if not self.top_log_probs:
+            return
+        if not self.return_log_probs:
+            raise InvalidArgument(
+                f"top_log_probs {self.top_log_probs} needs return_log_probs: set it to true, or "
+                "top_log_probs to 0"
+            )
+        if self.beam_size > 1:
+            raise InvalidArgument(
+                f"top_log_probs is for greedy decoding and sampling, not beam search (beam_size "
+                f"{self.beam_size}): use beam_size 1, or top_log_probs 0"
             )
 
     def _check_repetition_penalty(self) -> None:

@@ -21,6 +21,7 @@ from serving.generation.history_rules import HistoryRules
 from serving.generation.options import DecodingOptions
 from serving.generation.ranking import NUCLEUS_PREFIX, kth_largest
 from serving.generation.row_draw import clean_in_place, float_row, ranked, sample_float_row
+from serving.generation.top_tokens import NONE, TopTokens, top_tokens
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -205,6 +206,9 @@ class RowSampler:
         # ``options.return_log_probs``: ``choose`` keeps the chosen token's log-probability
         self.log_probs = bool(options.return_log_probs)
         self.last_log_prob = 0.0
+        # ``options.top_log_probs``: and the step's most likely tokens in ``last_top``
+        self.top = int(options.top_log_probs) if self.log_probs else 0
+        self.last_top = NONE
         self._rng = rng
 
     @property
@@ -241,9 +245,11 @@ class RowSampler:
         """
         if generated < len(self.prefix):
             self.last_log_prob = 0.0
+            self.last_top = TopTokens.forced(self.prefix[generated]) if self.top else NONE
             return self.prefix[generated]
         if generated == self.forced_eos_at:
             self.last_log_prob = 0.0
+            self.last_top = TopTokens.forced(self.eos_id) if self.top else NONE
             return self.eos_id
         plain = self.rules is None and not self.log_probs
         if self.options.temperature == 0 and logits_row.ndim == 1 and plain:
@@ -265,6 +271,7 @@ class RowSampler:
         x[self.suppress[self.suppress < x.size]] = -np.inf
         if not np.isfinite(x).any():
             self.last_log_prob = -np.inf
+            self.last_top = NONE
             return self.eos_id
         if self.log_probs:
             return self._scored(x)
@@ -275,8 +282,10 @@ class RowSampler:
 
     def _scored(self, x: np.ndarray) -> int:
         """``choose``'s token of the prepared row ``x`` (overwritten), its log-probability in
-        ``last_log_prob``."""
+        ``last_log_prob`` (and with ``top`` the most likely tokens in ``last_top``)."""
         log_probs = log_softmax(x)  # a new array: the draw scales ``x`` in place
+        if self.top:
+            self.last_top = top_tokens(log_probs, self.top)
         options = self.options
         if options.temperature == 0:
             token = int(np.argmax(x))

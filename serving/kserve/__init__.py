@@ -48,10 +48,12 @@ Only inputs whose generated data is valid are declared (perf_analyzer fills ever
 input with random data; random bytes are valid pixels, random floats hold NaN). Request
 parameters of the generating models: ``max_new_tokens``, ``min_new_tokens``, ``beam_size``,
 ``length_penalty``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``repetition_penalty``,
-``no_repeat_ngram_size``, ``num_alternatives`` (int64 / double; numeric strings too),
-``return_log_probs`` (bool). ``return_log_probs`` adds the output ``token_log_probs`` FP32
-[N,T], ``num_alternatives`` the outputs ``alternatives`` BYTES [N,A] and
-``alternative_scores`` FP32 [N,A] (``serving.kserve.execute``).
+``no_repeat_ngram_size``, ``num_alternatives``, ``top_log_probs`` (int64 / double; numeric
+strings too), ``return_log_probs`` (bool). ``return_log_probs`` adds the output
+``token_log_probs`` FP32 [N,T], ``num_alternatives`` the outputs ``alternatives`` BYTES [N,A]
+and ``alternative_scores`` FP32 [N,A], ``top_log_probs`` k the outputs ``top_token_ids`` INT32
+[N,T,k] (-1 where padded) and ``top_log_probs`` FP32 [N,T,k] (NaN where padded)
+(``serving.kserve.execute``).
 Every model honours Triton's ``timeout`` parameter (microseconds) besides the gRPC deadline. A
 requested output with the ``classification`` parameter k (tritonclient's ``class_count``) comes
 back as BYTES [N,k] of "score:index:label", as Triton does.

@@ -38,8 +38,19 @@ LOG_PROBS_OUTPUT = "token_log_probs"
 # the samples' log-probability sums with ``return_log_probs``; NaN where missing, 0 unscored)
 ALTERNATIVES_OUTPUT = "alternatives"
 ALTERNATIVE_SCORES_OUTPUT = "alternative_scores"
+# with the ``top_log_probs`` parameter k: each position's k most likely tokens, INT32 [N, T, k]
+# (-1 where ``token_ids`` pads or fewer were possible), and their log-probabilities, FP32
+# [N, T, k] (NaN there)
+TOP_IDS_OUTPUT = "top_token_ids"
+TOP_LOG_PROBS_OUTPUT = "top_log_probs"
 # outputs of no declared signature, added after the requested ones when the request asks for them
-EXTRA_OUTPUTS = (LOG_PROBS_OUTPUT, ALTERNATIVES_OUTPUT, ALTERNATIVE_SCORES_OUTPUT)
+EXTRA_OUTPUTS = (
+    LOG_PROBS_OUTPUT,
+    ALTERNATIVES_OUTPUT,
+    ALTERNATIVE_SCORES_OUTPUT,
+    TOP_IDS_OUTPUT,
+    TOP_LOG_PROBS_OUTPUT,
+)
 Outputs = dict[str, tuple[str, Any]]  # output name -> (datatype, values)
 
 
@@ -110,7 +121,21 @@ async def generate(call: Call, model: ServedGenerator) -> Outputs:
         outputs[LOG_PROBS_OUTPUT] = ("FP32", _padded(log_probs, 0.0, np.float32))
     if jobs and jobs[0].options.num_alternatives:
         outputs.update(_alternatives(results))
+    if jobs and jobs[0].options.top_log_probs:
+        outputs.update(_top_log_probs(results, jobs[0].options.top_log_probs))
     return outputs
+
+
+def _top_log_probs(results: list[Generated], count: int) -> Outputs:
+    """``TOP_IDS_OUTPUT`` and ``TOP_LOG_PROBS_OUTPUT`` of the elements' results."""
+    width = max(len(r.token_ids) for r in results)
+    ids = np.full((len(results), width, count), -1, dtype=np.int32)
+    values = np.full((len(results), width, count), np.nan, dtype=np.float32)
+    for row, result in enumerate(results):
+        for position, (top_ids, top_values) in enumerate(result.top_log_probs or ()):
+            ids[row, position, : len(top_ids)] = top_ids
+            values[row, position, : len(top_values)] = top_values
+    return {TOP_IDS_OUTPUT: ("INT32", ids), TOP_LOG_PROBS_OUTPUT: ("FP32", values)}
 
 
 def _alternatives(results: list[Generated]) -> Outputs:

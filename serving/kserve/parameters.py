@@ -16,6 +16,7 @@ INT_OPTIONS = (
     "seed",
     "no_repeat_ngram_size",
     "num_alternatives",
+    "top_log_probs",
 )
 FLOAT_OPTIONS = ("length_penalty", "temperature", "top_p", "repetition_penalty")
 BOOL_OPTIONS = ("return_log_probs",)

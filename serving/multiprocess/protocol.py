@@ -38,7 +38,8 @@ has read, whose arrays in shared memory it has copied out):
 - ``events``: ``{"t": "events", "ack", "items": [[id, kind, payload], ...], "tokens": true?,
   "arrays": [...]}`` + array frames: everything one engine loop turn has for that frontend, in
   one message. Item kinds: ``token`` ([token_id, index], with ``return_log_probs`` [token_id, index,
-  log_prob]), ``finish`` (FinishEvent fields),
+  log_prob], with ``top_log_probs`` [token_id, index, log_prob, [[ids], [log-probs]]]),
+  ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
   classifier's probabilities; a traced one's ``[index, enqueued, batch start, batch end]``),
   ``done`` (None: a load, unload or settings change succeeded), and, with id 0, ``model``
@@ -76,6 +77,7 @@ from serving.errors import (
     Unavailable,
 )
 from serving.generation.options import DecodingOptions
+from serving.generation.top_tokens import TopTokens
 from serving.multiprocess.shm import ArenaError, ArenaReader
 
 ERRORS: dict[str, type[ServingError]] = {
@@ -249,6 +251,9 @@ def _token_ids(payload: Any) -> bool:
 def event_item(request_id: int, event: Event) -> list[Any]:
     """One ``[id, kind, payload]`` item of an ``events`` message."""
     if isinstance(event, TokenEvent):
+        if event.top is not None:  # msgpack writes the TopTokens tuple as [[ids], [values]]
+            payload = [event.token_id, event.index, event.log_prob, event.top]
+            return [request_id, "token", payload]
         if event.log_prob is not None:
             return [request_id, "token", [event.token_id, event.index, event.log_prob]]
         return [request_id, "token", [event.token_id, event.index]]
@@ -299,10 +304,12 @@ def event_from(kind: str, payload: Any) -> Event:
     """
     try:
         if kind == "token":
-            token, index, *log_prob = payload
-            if len(log_prob) > 1:
-                raise ValueError("a token is [id, index] or [id, index, log_prob]")
-            return TokenEvent(int(token), int(index), *(float(p) for p in log_prob))
+            token, index, *scored = payload
+            if len(scored) > 2:
+                raise ValueError("a token is [id, index], [id, index, log_prob] or with its top")
+            log_prob = float(scored[0]) if scored else None
+            top = TopTokens.of(scored[1]) if len(scored) == 2 else None
+            return TokenEvent(int(token), int(index), log_prob, top)
         if kind == "finish":
             finish = FinishEvent(**payload)
             finish.alternatives = [
@@ -312,6 +319,8 @@ def event_from(kind: str, payload: Any) -> Event:
                 finish.alternative_log_probs = [
                     [float(p) for p in values] for values in finish.alternative_log_probs
                 ]
+            if finish.top_log_probs is not None:
+                finish.top_log_probs = [TopTokens.of(top) for top in finish.top_log_probs]
             return finish
         if kind == "error":
             code, message = payload

@@ -1,9 +1,9 @@
 """OpenAI request bodies (``/v1/completions``, ``/v1/chat/completions``) as a ``Plan``.
 
 Strict, as OpenAI's own API is: a field the routes do not know, a value of the wrong type, or a
-feature they do not serve (a non-zero presence penalty, top log-probabilities, tools, image URLs
-to fetch) is an ``InvalidArgument`` that names the field and says what to send instead. ``null``
-is the same as leaving a field out. Fields beyond OpenAI's (vLLM's names where vLLM has them):
+feature they do not serve (a non-zero presence penalty, tools, image URLs to fetch) is an
+``InvalidArgument`` that names the field and says what to send instead. ``null`` is the same as
+leaving a field out. Fields beyond OpenAI's (vLLM's names where vLLM has them):
 ``top_k``, ``min_tokens``, ``repetition_penalty``, ``length_penalty``,
 ``no_repeat_ngram_size``, ``beam_size``, ``bad_words``, ``target_language``, ``prefix`` (the
 text an output starts with) and ``priority``.
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serving.errors import InvalidArgument
+from serving.generation.options import MAX_TOP_LOG_PROBS
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 
 COMMON = (
@@ -78,7 +79,8 @@ class Plan:
         n: choices per prompt.
         stream: answer with server-sent events.
         include_usage: a stream's last chunk carries the token counts.
-        logprobs: report the chosen tokens' log-probabilities.
+        logprobs: report the chosen tokens' log-probabilities (and with ``options.top_log_probs``
+            each position's most likely tokens).
         echo: a completion's text starts with its prompt.
         target_language: the translator's target language ("" when not given).
         prefix: the text every output starts with ("" for none).
@@ -254,7 +256,12 @@ def _options(body: dict[str, Any], max_tokens: int | None) -> pb.DecodingOptions
 
 
 def _plan(
-    body: dict[str, Any], chat: bool, max_tokens: int | None, logprobs: bool, **fields: Any
+    body: dict[str, Any],
+    chat: bool,
+    max_tokens: int | None,
+    logprobs: bool,
+    top: int,
+    **fields: Any,
 ) -> Plan:
     _refuse_unserved(body)
     model = body.get("model")
@@ -269,6 +276,7 @@ def _plan(
             raise InvalidArgument('"stream_options" is {"include_usage": true | false}')
     options = _options(body, max_tokens)
     options.return_log_probs = logprobs
+    options.top_log_probs = top
     n = _int(body, "n", 1, MAX_N) or 1
     plan = Plan(
         chat=chat,
@@ -287,6 +295,11 @@ def _plan(
         raise InvalidArgument(
             f'"n" = {n} choices need sampling ("temperature" above 0) or beam search '
             f'("beam_size" of at least {n}): greedy decoding has one answer'
+        )
+    if top and options.beam_size > 1:
+        raise InvalidArgument(
+            "the most likely tokens are reported for greedy decoding and sampling: leave "
+            '"beam_size" at 1 with "top_logprobs" (chat) or "logprobs" above 0 (completions)'
         )
     if stream and options.beam_size > 1:
         raise InvalidArgument('a stream decodes greedily or by sampling: leave "beam_size" at 1')
@@ -307,12 +320,7 @@ def completion_plan(body: Any) -> Plan:
         raise InvalidArgument('"prompt" is required: a string, or a non-empty array of strings')
     if len(texts) > MAX_PROMPTS:
         raise InvalidArgument(f"{len(texts)} prompts; send at most {MAX_PROMPTS} per request")
-    logprobs = _int(body, "logprobs", 0, 20)
-    if logprobs:
-        raise InvalidArgument(
-            '"logprobs" above 0 asks for the most likely other tokens, which are not served: '
-            "send 0 for the chosen tokens' log-probabilities"
-        )
+    logprobs = _int(body, "logprobs", 0, MAX_TOP_LOG_PROBS)
     echo = _bool(body, "echo")
     if echo and logprobs is not None:
         raise InvalidArgument(
@@ -327,6 +335,7 @@ def completion_plan(body: Any) -> Plan:
         chat=False,
         max_tokens=_int(body, "max_tokens", 1, MAX_INT32),
         logprobs=logprobs is not None,
+        top=logprobs or 0,
         texts=texts,
         echo=echo,
     )
@@ -335,12 +344,10 @@ def completion_plan(body: Any) -> Plan:
 def chat_plan(body: Any) -> Plan:
     """A ``/v1/chat/completions`` body's plan: its one user message's text or image."""
     body = _check_fields(body, CHAT_FIELDS, "chat completions")
-    top = _int(body, "top_logprobs", 0, 20)
-    if top:
-        raise InvalidArgument(
-            '"top_logprobs" above 0 asks for the most likely other tokens, which are not '
-            'served: leave it at 0 ("logprobs": true reports the chosen tokens\')'
-        )
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOG_PROBS) or 0
+    if top and not logprobs:
+        raise InvalidArgument('"top_logprobs" needs "logprobs": true')
     legacy = _int(body, "max_tokens", 1, MAX_INT32)  # OpenAI's older name: the newer wins
     max_tokens = _int(body, "max_completion_tokens", 1, MAX_INT32)
     max_tokens = legacy if max_tokens is None else max_tokens
@@ -349,7 +356,8 @@ def chat_plan(body: Any) -> Plan:
         body,
         chat=True,
         max_tokens=max_tokens,
-        logprobs=_bool(body, "logprobs"),
+        logprobs=logprobs,
+        top=top,
         texts=(texts,) if texts else (),
         images=images,
     )

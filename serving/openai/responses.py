@@ -31,6 +31,7 @@ class Choice:
     token_ids: Sequence[int]
     log_probs: Sequence[float]
     finish_reason: str | None
+    tops: Sequence[Any] = ()  # ``TopLogProbs`` messages, one per token (``top_logprobs``)
 
     @classmethod
     def of(cls, output: Any) -> Choice:
@@ -40,7 +41,11 @@ class Choice:
             list(output.token_ids),
             list(output.token_log_probs),
             FINISH.get(output.finish_reason),
+            list(output.top_log_probs),
         )
+
+
+Tops = list[list[tuple[str, float]]]  # per token: its position's likeliest tokens' texts, values
 
 
 class TokenTexts:
@@ -57,9 +62,31 @@ class TokenTexts:
         for token in ids:
             self.ids.append(token)
             text = self.tokenizer.decode(self.ids)
-            pieces.append(text[len(self.text) :] if text.startswith(self.text) else text)
+            pieces.append(self._piece(text))
             self.text = text
         return pieces
+
+    def add_scored(self, ids: Sequence[int], tops: Sequence[Any]) -> tuple[list[str], Tops]:
+        """``add``'s pieces, and for each token the texts its position's most likely tokens
+        (its ``TopLogProbs``) would have added in its place, with their log-probabilities."""
+        pieces: list[str] = []
+        alternatives: Tops = []
+        for index, token in enumerate(ids):
+            top = tops[index] if index < len(tops) else None
+            if top is not None:
+                alternatives.append(
+                    [
+                        (self._piece(self.tokenizer.decode([*self.ids, t])), float(v))
+                        for t, v in zip(top.token_ids, top.log_probs, strict=True)
+                    ]
+                )
+            pieces += self.add((token,))
+        return pieces, alternatives
+
+    def _piece(self, text: str) -> str:
+        """What ``text`` (a decoding of the tokens so far and one more) adds to the text so
+        far (all of it where decoding changed what came before)."""
+        return text[len(self.text) :] if text.startswith(self.text) else text
 
 
 class Response:
@@ -82,15 +109,30 @@ class Response:
             "model": self.model,
         }
 
-    def logprobs(self, tokens: list[str], log_probs: Sequence[float], offset: int) -> Any:
-        """The ``logprobs`` of tokens (their texts) starting at text offset ``offset``."""
+    def logprobs(
+        self,
+        tokens: list[str],
+        log_probs: Sequence[float],
+        offset: int,
+        tops: Sequence[Sequence[tuple[str, float]]] = (),
+    ) -> Any:
+        """The ``logprobs`` of tokens (their texts) starting at text offset ``offset``, with
+        each token's most likely alternatives ``tops`` (empty without ``top_logprobs``)."""
         if not self.plan.logprobs:
             return None
         values = [float(v) for v in log_probs]
         if self.chat:
             content = [
-                {"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, v in zip(tokens, values, strict=False)
+                {
+                    "token": t,
+                    "logprob": v,
+                    "bytes": list(t.encode()),
+                    "top_logprobs": [
+                        {"token": a, "logprob": p, "bytes": list(a.encode())}
+                        for a, p in (tops[i] if i < len(tops) else ())
+                    ],
+                }
+                for i, (t, v) in enumerate(zip(tokens, values, strict=False))
             ]
             return {"content": content, "refusal": None}
         offsets = []
@@ -100,7 +142,8 @@ class Response:
         return {
             "tokens": tokens,
             "token_logprobs": values,
-            "top_logprobs": None,
+            # OpenAI's legacy shape: text -> log-probability (a text twice: the likelier value)
+            "top_logprobs": [_by_text(top) for top in tops] if tops else None,
             "text_offset": offsets,
         }
 
@@ -110,15 +153,17 @@ class Response:
         for p, prompt_choices in enumerate(choices):
             for j, choice in enumerate(prompt_choices):
                 echo = self.plan.texts[p] if self.plan.echo else ""
-                tokens = (
-                    TokenTexts(self.tokenizer).add(choice.token_ids) if self.plan.logprobs else []
-                )
+                tokens: list[str] = []
+                tops: Tops = []
+                if self.plan.logprobs:
+                    texts = TokenTexts(self.tokenizer)
+                    tokens, tops = texts.add_scored(choice.token_ids, choice.tops)
                 item: dict[str, Any] = {"index": p * self.plan.n + j}
                 if self.chat:
                     item["message"] = {"role": "assistant", "content": choice.text}
                 else:
                     item["text"] = echo + choice.text
-                item["logprobs"] = self.logprobs(tokens, choice.log_probs, len(echo))
+                item["logprobs"] = self.logprobs(tokens, choice.log_probs, len(echo), tops)
                 item["finish_reason"] = choice.finish_reason
                 items.append(item)
         completion = sum(len(c.token_ids) for prompt in choices for c in prompt)
@@ -208,3 +253,12 @@ def error_document(status: int, message: str, code: str | None = None) -> dict[s
             "code": code,
         }
     }
+
+
+def _by_text(top: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """One position's alternatives as OpenAI's completions give them: text -> log-probability,
+    most likely first (a text that two tokens write keeps the likelier value)."""
+    by_text: dict[str, float] = {}
+    for text, value in top:
+        by_text.setdefault(text, value)
+    return by_text

@@ -271,8 +271,8 @@ class _ChoiceState:
         text, self.echo = self.echo + message.delta, ""
         logprobs = None
         if self.tokens is not None:
-            tokens = self.tokens.add(message.token_ids)
-            logprobs = self.response.logprobs(tokens, message.token_log_probs, self.offset)
+            tokens, tops = self.tokens.add_scored(message.token_ids, message.top_log_probs)
+            logprobs = self.response.logprobs(tokens, message.token_log_probs, self.offset, tops)
             self.offset += sum(len(token) for token in tokens)
         return self.response.chunk(self.index, text, None, logprobs)
 

@@ -38,6 +38,8 @@ from serving.errors import InvalidArgument, TooLarge
 from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
 from serving.generation.stop import StopMatcher
+from serving.generation.top_tokens import NONE as NO_TOKENS
+from serving.generation.top_tokens import TopTokens
 from serving.metrics import ServingMetrics
 from serving.seq2seq import Seq2SeqRunner
 from serving.served.entry import ServedEntry
@@ -55,6 +57,7 @@ class Alternative:
     score: float
     finish_reason: str  # stop | length | stop_sequence
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
+    top_log_probs: list[TopTokens] | None = None  # ``top_log_probs``: one per token id
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Generated:
     score: float | None = None
     alternatives: list[Alternative] = field(default_factory=list)
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
+    top_log_probs: list[TopTokens] | None = None  # ``top_log_probs``: one per token id
     input_tokens: int = 0
     queue_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -81,6 +85,7 @@ class StreamDelta:
     token_ids: list[int]
     index: int
     log_probs: list[float] | None = None  # one per token id (``return_log_probs``)
+    top: list[TopTokens] | None = None  # one per token id (``top_log_probs``)
 
 
 def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> list[Alternative]:
@@ -101,8 +106,14 @@ def _stopped(final: FinishEvent, kept: int) -> FinishEvent:
     heard of the stop, or ended the sequence by itself)."""
     log_probs = None if final.log_probs is None else final.log_probs[:kept]
     score = final.score if log_probs is None else float(sum(log_probs))
+    tops = None if final.top_log_probs is None else final.top_log_probs[:kept]
     return replace(
-        final, reason="stop_sequence", tokens=final.tokens[:kept], log_probs=log_probs, score=score
+        final,
+        reason="stop_sequence",
+        tokens=final.tokens[:kept],
+        log_probs=log_probs,
+        score=score,
+        top_log_probs=tops,
     )
 
 
@@ -432,7 +443,14 @@ class ServedGenerator(ServedEntry):
         one failing, or the call cancelled, stops all of them."""
         first, *more = await generate_all(self._generate, [request, *samples(request)])
         first.alternatives = [
-            Alternative(r.text, r.token_ids, r.score or 0.0, r.finish_reason, r.token_log_probs)
+            Alternative(
+                r.text,
+                r.token_ids,
+                r.score or 0.0,
+                r.finish_reason,
+                r.token_log_probs,
+                r.top_log_probs,
+            )
             for r in more
         ]
         return first
@@ -477,13 +495,15 @@ class ServedGenerator(ServedEntry):
                 if first_token is None:
                     first_token = time.monotonic() - request.arrival
                 ids = [e.token_id for e in tokens]
-                log_probs = None
+                log_probs = tops = None
                 if request.options.return_log_probs:
                     log_probs = [e.log_prob or 0.0 for e in tokens]
+                if request.options.top_log_probs:
+                    tops = [e.top or NO_TOKENS for e in tokens]
                 delta = text.add(ids) if stop is None else stop.release()
                 if stop is not None and stop.kept is not None:
                     request.finish_at(stop.kept)  # the engine ends it there, while this is sent
-                yield StreamDelta(delta, ids, tokens[0].index, log_probs)
+                yield StreamDelta(delta, ids, tokens[0].index, log_probs, tops)
             final = chunk[-1]
             if isinstance(final, ErrorEvent):
                 raise final.error
@@ -516,6 +536,7 @@ class ServedGenerator(ServedEntry):
             score=final.score,
             alternatives=_alternatives(final, decode),
             token_log_probs=final.log_probs,
+            top_log_probs=final.top_log_probs,
             input_tokens=final.input_tokens,
             queue_seconds=final.queue_seconds,
             total_seconds=time.monotonic() - request.arrival,

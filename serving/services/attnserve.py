@@ -9,6 +9,7 @@ import grpc
 
 from serving.errors import InvalidArgument, TooLarge
 from serving.generation.options import DecodingOptions
+from serving.generation.top_tokens import TopTokens
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
 from serving.served import (
@@ -49,7 +50,13 @@ def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
         return_log_probs=message.return_log_probs,
         bad_words=tuple(message.bad_words),
         stop=tuple(message.stop),
+        top_log_probs=message.top_log_probs,
     )
+
+
+def top_log_probs(tops: list[TopTokens] | None) -> list[pb.TopLogProbs]:
+    """``DecodingOptions.top_log_probs``' answer fields (none without them)."""
+    return [pb.TopLogProbs(token_ids=ids, log_probs=values) for ids, values in tops or ()]
 
 
 def _model_name(request: Any, task: str) -> str:
@@ -77,6 +84,7 @@ def _alternatives(result: Generated) -> list[pb.Hypothesis]:
             score=a.score,
             finish_reason=FINISH[a.finish_reason],
             token_log_probs=a.token_log_probs or (),
+            top_log_probs=top_log_probs(a.top_log_probs),
         )
         for a in result.alternatives
     ]
@@ -166,6 +174,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                     score=result.score or 0.0,
                     alternatives=_alternatives(result),
                     token_log_probs=result.token_log_probs or (),
+                    top_log_probs=top_log_probs(result.top_log_probs),
                 )
             )
         response.usage.input_tokens = sum(r.input_tokens for r in results)
@@ -212,6 +221,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             score=result.score or 0.0,
             alternatives=_alternatives(result),
             token_log_probs=result.token_log_probs or (),
+            top_log_probs=top_log_probs(result.top_log_probs),
             model=model.name,
             model_version=str(model.version),
             usage=pb.Usage(input_tokens=result.input_tokens, output_tokens=len(result.token_ids)),
@@ -244,6 +254,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                 token_ids=item.token_ids,
                 index=item.index,
                 token_log_probs=item.log_probs or (),
+                top_log_probs=top_log_probs(item.top),
             )
         return cls(
             finish_reason=FINISH[item.finish_reason],

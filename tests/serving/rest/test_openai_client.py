@@ -672,7 +672,7 @@ REFUSED: list[tuple[str, str, Any, str]] = [
     ("frequency penalty", "completions", completion(frequency_penalty=1), '"frequency_penalty"'),
     ("logit bias", "completions", completion(logit_bias={"5": 10}), '"logit_bias"'),
     ("suffix", "completions", completion(suffix="!"), '"suffix"'),
-    ("top logprobs", "completions", completion(logprobs=1), '"logprobs"'),
+    ("too many top logprobs", "completions", completion(logprobs=21), '"logprobs"'),
     ("echo with logprobs", "completions", completion(echo=True, logprobs=0), '"echo"'),
     ("greedy n", "completions", completion(n=2, temperature=0), '"n"'),
     ("best_of", "completions", completion(n=1, best_of=2), '"best_of"'),
@@ -691,7 +691,7 @@ REFUSED: list[tuple[str, str, Any, str]] = [
     ("no model", "completions", completion(model=None), '"model"'),
     ("chat unknown field", "chat/completions", chat(echo=True), "'echo'"),
     ("tools", "chat/completions", chat(tools=[{"type": "function"}]), '"tools"'),
-    ("top_logprobs", "chat/completions", chat(logprobs=True, top_logprobs=2), '"top_logprobs"'),
+    ("top_logprobs alone", "chat/completions", chat(top_logprobs=2), '"top_logprobs"'),
     ("json format", "chat/completions", chat(response_format={"type": "json_object"}), "format"),
     ("no messages", "chat/completions", chat() | {"messages": []}, '"messages"'),
     (

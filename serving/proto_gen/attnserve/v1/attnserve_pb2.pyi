@@ -32,7 +32,7 @@ MODEL_STATE_LOADING: ModelState
 MODEL_STATE_UNAVAILABLE: ModelState
 
 class DecodingOptions(_message.Message):
-    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size", "return_log_probs", "bad_words", "stop")
+    __slots__ = ("max_new_tokens", "min_new_tokens", "beam_size", "length_penalty", "temperature", "top_k", "top_p", "seed", "num_alternatives", "repetition_penalty", "no_repeat_ngram_size", "return_log_probs", "bad_words", "stop", "top_log_probs")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MIN_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     BEAM_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class DecodingOptions(_message.Message):
     RETURN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     BAD_WORDS_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     min_new_tokens: int
     beam_size: int
@@ -61,21 +62,32 @@ class DecodingOptions(_message.Message):
     return_log_probs: bool
     bad_words: _containers.RepeatedScalarFieldContainer[str]
     stop: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., return_log_probs: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
+    top_log_probs: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., min_new_tokens: _Optional[int] = ..., beam_size: _Optional[int] = ..., length_penalty: _Optional[float] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., num_alternatives: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., no_repeat_ngram_size: _Optional[int] = ..., return_log_probs: _Optional[bool] = ..., bad_words: _Optional[_Iterable[str]] = ..., stop: _Optional[_Iterable[str]] = ..., top_log_probs: _Optional[int] = ...) -> None: ...
+
+class TopLogProbs(_message.Message):
+    __slots__ = ("token_ids", "log_probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    log_probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Hypothesis(_message.Message):
-    __slots__ = ("text", "token_ids", "score", "finish_reason", "token_log_probs")
+    __slots__ = ("text", "token_ids", "score", "finish_reason", "token_log_probs", "top_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     score: float
     finish_reason: FinishReason
     token_log_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., score: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., score: _Optional[float] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens")
@@ -116,20 +128,22 @@ class TranslateRequest(_message.Message):
     def __init__(self, texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., target_prefixes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Translation(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "token_log_probs")
+    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "token_log_probs", "top_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     ALTERNATIVES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
     score: float
     alternatives: _containers.RepeatedCompositeFieldContainer[Hypothesis]
     token_log_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
 class TranslateResponse(_message.Message):
     __slots__ = ("translations", "model", "usage", "timing", "model_version")
@@ -164,7 +178,7 @@ class TranslateStreamRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., target_language: _Optional[str] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., target_prefix: _Optional[str] = ...) -> None: ...
 
 class TranslateStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score")
+    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score", "top_log_probs")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +189,7 @@ class TranslateStreamResponse(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     index: int
@@ -185,7 +200,8 @@ class TranslateStreamResponse(_message.Message):
     model_version: str
     token_log_probs: _containers.RepeatedScalarFieldContainer[float]
     score: float
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
 class CaptionRequest(_message.Message):
     __slots__ = ("image", "model", "options", "model_version", "priority", "prefix")
@@ -204,7 +220,7 @@ class CaptionRequest(_message.Message):
     def __init__(self, image: _Optional[bytes] = ..., model: _Optional[str] = ..., options: _Optional[_Union[DecodingOptions, _Mapping]] = ..., model_version: _Optional[str] = ..., priority: _Optional[int] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class CaptionResponse(_message.Message):
-    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version", "token_log_probs")
+    __slots__ = ("text", "token_ids", "finish_reason", "score", "alternatives", "model", "usage", "timing", "model_version", "token_log_probs", "top_log_probs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -215,6 +231,7 @@ class CaptionResponse(_message.Message):
     TIMING_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: FinishReason
@@ -225,10 +242,11 @@ class CaptionResponse(_message.Message):
     timing: Timing
     model_version: str
     token_log_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., score: _Optional[float] = ..., alternatives: _Optional[_Iterable[_Union[Hypothesis, _Mapping]]] = ..., model: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
 class CaptionStreamResponse(_message.Message):
-    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score")
+    __slots__ = ("delta", "token_ids", "index", "finish_reason", "usage", "timing", "model", "model_version", "token_log_probs", "score", "top_log_probs")
     DELTA_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -239,6 +257,7 @@ class CaptionStreamResponse(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
     delta: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     index: int
@@ -249,7 +268,8 @@ class CaptionStreamResponse(_message.Message):
     model_version: str
     token_log_probs: _containers.RepeatedScalarFieldContainer[float]
     score: float
-    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ...) -> None: ...
+    top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
+    def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
 class ClassifyRequest(_message.Message):
     __slots__ = ("image", "top_k", "model", "model_version", "priority")
