@@ -17,7 +17,9 @@ each row's first 8 source tokens, which attnserve feeds one a decode step, CTran
 ``num_alternatives``, CTranslate2's ``num_hypotheses``, ``generate``'s ``num_return_sequences``,
 all 5 counted; ``bad_words``: 16 bad words of one and two tokens, attnserve's ``bad_words``,
 CTranslate2's ``suppress_sequences``, ``generate``'s ``bad_words_ids``; ``stop``: a stop string
-no output holds, attnserve's ``stop``, the peers plain: its cost alone)
+no output holds, attnserve's ``stop``, the peers plain: its cost alone; ``top_log_probs``: each
+position's 5 most likely tokens, attnserve's ``top_log_probs``, the peers' whole vocabulary per
+position, CTranslate2's ``return_logits_vocab``, ``generate``'s ``output_scores``)
 and beam size,
 ``benchmarks.beam_search``'s runners (the served engine, CTranslate2's thread splits, HF
 ``generate`` with its KV cache) on the engine benchmark's random Marian model (Marian-base shape,
@@ -63,6 +65,15 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
         "ctranslate2": {"return_scores": True},
         "hf": {"output_scores": True, "return_dict_in_generate": True},
     },
+    # each position's 5 most likely tokens with their log-probabilities (greedy search only):
+    # attnserve's top_log_probs; the peers have no top-k of their own and return every
+    # position's whole vocabulary, CTranslate2's return_logits_vocab, generate's output_scores
+    # (the caller's top-k over them is not timed)
+    "top_log_probs": {
+        "attnserve-beam": {"return_log_probs": True, "top_log_probs": 5},
+        "ctranslate2": {"return_scores": True, "return_logits_vocab": True},
+        "hf": {"output_scores": True, "return_dict_in_generate": True},
+    },
     # each row's first source tokens as its target prefix; the tokens after it are timed
     "prefix": same({"prefix_tokens": 8}),
     # SAMPLES random samples of each row at temperature 1 over the whole vocabulary (greedy
@@ -83,7 +94,7 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
     "stop": {"attnserve-beam": {"stop": [STOP]}, "ctranslate2": {}, "hf": {}},
 }
 SAMPLES = 5  # outputs per row in the ``samples`` setup
-GREEDY_ONLY = ("samples", "stop")  # setups without beam search
+GREEDY_ONLY = ("samples", "stop", "top_log_probs")  # setups without beam search
 
 
 def setup_controls(setup: str, beam_size: int) -> dict[str, dict[str, Any]]:

@@ -143,7 +143,9 @@ class Response:
             "tokens": tokens,
             "token_logprobs": values,
             # OpenAI's legacy shape: text -> log-probability (a text twice: the likelier value)
-            "top_logprobs": [_by_text(top) for top in tops] if tops else None,
+            "top_logprobs": (
+                [_by_text(top) for top in tops] if self.plan.options.top_log_probs else None
+            ),
             "text_offset": offsets,
         }
 

@@ -18,7 +18,7 @@ PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("tr
 
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> None:
-    setups = "none,both,samples"  # "scores" runs as "none" does, with other options (below)
+    setups = "none,both,samples,top_log_probs"  # "scores": its options are checked below
     args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", setups]
     args += ["--beam-sizes", "1,3", "--batches", "2", "--new-tokens", "6"]
     assert repetition_controls.main(args) == 0
@@ -26,8 +26,12 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
     result = json.loads(path.read_text())
     points = {(p["setup"], p["beam_size"]): p for p in result["points"]}
     assert set(points) == {(s, b) for s in ("none", "both") for b in (1, 3)} | {
-        ("samples", 1)  # sampling has no beams
+        ("samples", 1),  # sampling has no beams
+        ("top_log_probs", 1),  # nor the most likely tokens
     }
+    top = points[("top_log_probs", 1)]["controls"]
+    assert top["attnserve-beam"] == {"return_log_probs": True, "top_log_probs": 5}
+    assert top["ctranslate2"]["return_logits_vocab"] is True
     samples = points[("samples", 1)]
     assert samples["samples_per_row"] == repetition_controls.SAMPLES
     assert samples["runs"]["hf-generate-kv"]["output_shape"] == [2 * 5, 6]  # every sample
