@@ -749,9 +749,11 @@ class InFlightEngine:
         best = seq.beam.best()
         top = best[0]
         scored = seq.options.return_log_probs  # each token's log-probability too
+        topped = bool(seq.options.top_log_probs)  # and its position's most likely tokens
         for index, token in enumerate(top.tokens):
             log_prob = top.log_probs[index] if scored else None
-            self._outbox.post(seq.request, TokenEvent(token, index, log_prob))
+            tops = top.tops[index] if topped else None
+            self._outbox.post(seq.request, TokenEvent(token, index, log_prob, tops))
         return self._post_finish(
             seq,
             reason="stop" if top.finished else "length",
@@ -760,6 +762,8 @@ class InFlightEngine:
             log_probs=list(top.log_probs) if scored else None,
             alternatives=[(list(h.tokens), float(h.score), h.finished) for h in best[1:]],
             alternative_log_probs=[list(h.log_probs) for h in best[1:]] if scored else None,
+            top_log_probs=list(top.tops) if topped else None,
+            alternative_top_log_probs=[list(h.tops) for h in best[1:]] if topped else None,
         )
 
     def _post_finish(self, seq: ActiveSequence, **event: Any) -> bool:

@@ -50,6 +50,7 @@ class FinishEvent:
     alternatives: list[tuple[list[int], float, bool]] = field(default_factory=list)
     alternative_log_probs: list[list[float]] | None = None
     top_log_probs: list[TopTokens] | None = None  # ``top_log_probs``: one per token of ``tokens``
+    alternative_top_log_probs: list[list[TopTokens]] | None = None  # the runner-ups' (beams)
     input_tokens: int = 0
     queue_seconds: float = 0.0  # arrival to admission
     compute_seconds: float = 0.0  # admission to this finish

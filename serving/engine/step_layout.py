@@ -58,6 +58,7 @@ class ActiveSequence:
                 forced_eos=spec.forced_eos,
                 rules=rules,
                 prefix=request.prefix,
+                top=self.options.top_log_probs,
             )
         else:
             last = self.limit - 1  # the sequence's last position

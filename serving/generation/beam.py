@@ -54,6 +54,7 @@ import numpy as np
 from serving.generation.history_rules import HistoryRules
 from serving.generation.ranking import top_indices
 from serving.generation.sampling import clean_logits, log_softmax
+from serving.generation.top_tokens import TopTokens, top_tokens
 
 EarlyStopping = bool | Literal["never"]
 
@@ -69,12 +70,15 @@ class Hypothesis:
         finished: True when it ended with EOS; False when cut at max_new_tokens (or still live).
         log_probs: each token's log-probability where it was chosen (the log-softmax after the
             token rules; 0 for the prefix's), one per token; EOS's is in the score only.
+        tops: with ``top``, each token's position's most likely tokens in the beam it came
+            through (the prefix's: the token alone, 0), one per token; else empty.
     """
 
     tokens: list[int]
     score: float
     finished: bool
     log_probs: list[float] = field(default_factory=list)
+    tops: list[TopTokens] = field(default_factory=list)
 
 
 class BeamSearch:
@@ -95,6 +99,8 @@ class BeamSearch:
         forced_eos: the last step (``max_new_tokens``) chooses EOS.
         rules: repetition controls and bad words over each beam's tokens (None: none).
         prefix: the tokens every hypothesis starts with (see the module docstring).
+        top: each hypothesis also carries, per token, the ``top`` most likely tokens of the
+            beam's log-probabilities at that position (``top_log_probs``); 0 = none.
 
     Raises:
         ValueError: an argument outside its range.
@@ -114,6 +120,7 @@ class BeamSearch:
         forced_eos: bool = False,
         rules: HistoryRules | None = None,
         prefix: tuple[int, ...] = (),
+        top: int = 0,
     ) -> None:
         _check_arguments(
             beam_size, eos_id, max_new_tokens, min_new_tokens, length_penalty, num_alternatives
@@ -138,6 +145,10 @@ class BeamSearch:
         self._scores = np.zeros(1, dtype=np.float64)  # live beams' cumulative log-probs
         # live beams' tokens' own log-probabilities (the prefix's 0), as ``_sequences``
         self._token_log_probs = np.zeros((1, len(self.prefix)), dtype=np.float64)
+        self.top = int(top)
+        # with ``top``: live beams' tokens' positions' most likely tokens, as ``_sequences``
+        self._tops: list[list[TopTokens]] = [[TopTokens.forced(t) for t in self.prefix]]
+        self._step_tops: list[TopTokens] = []  # this step's, one per input row
         self._finished: list[Hypothesis] = []  # best first, at most beam_size
         self._generated = 0
         self._done = False
@@ -179,6 +190,8 @@ class BeamSearch:
         if self._done:
             raise RuntimeError("beam search is done: read best() instead of stepping again")
         log_probs = self._log_probs(logits)
+        if self.top:
+            self._step_tops = [top_tokens(row, self.top) for row in log_probs]
         scores, rows, tokens = self._candidates(log_probs)
         chosen = log_probs[rows, tokens]  # each candidate's own token's log-probability
         self._generated += 1
@@ -203,7 +216,9 @@ class BeamSearch:
             pool.extend(self._live_hypotheses())
             pool.sort(key=lambda hyp: -hyp.score)
         if not pool:
-            nothing = Hypothesis(list(self.prefix), float("-inf"), False, [0.0] * len(self.prefix))
+            nothing = Hypothesis(
+                list(self.prefix), float("-inf"), False, [0.0] * len(self.prefix), self._tops[0]
+            )
             return [nothing]
         return pool[: 1 + self.num_alternatives]
 
@@ -259,10 +274,13 @@ class BeamSearch:
             before = self._sequences[rows[rank]].tolist()
             hyp_tokens = before if ends else [*before, int(tokens[rank])]
             log_probs = self._token_log_probs[rows[rank]].tolist()
+            tops = list(self._tops[rows[rank]]) if self.top else []
             if not ends:
                 log_probs.append(float(chosen[rank]))
+                if self.top:
+                    tops.append(self._step_tops[rows[rank]])
             score = float(scores[rank]) / denominator
-            self._add(Hypothesis(hyp_tokens, score, bool(ends), log_probs))
+            self._add(Hypothesis(hyp_tokens, score, bool(ends), log_probs, tops))
 
     def _add(self, hypothesis: Hypothesis) -> None:
         self._finished.append(hypothesis)
@@ -290,6 +308,8 @@ class BeamSearch:
         self._token_log_probs = np.concatenate(
             [self._token_log_probs[parents], own[:, None].astype(np.float64)], axis=1
         )
+        if self.top:
+            self._tops = [[*self._tops[p], self._step_tops[p]] for p in parents.tolist()]
         self._scores = live_scores.astype(np.float64)
         return parents, next_tokens
 
@@ -314,6 +334,7 @@ class BeamSearch:
                 float(score) / denominator,
                 False,
                 self._token_log_probs[row].tolist(),
+                list(self._tops[row]) if self.top else [],
             )
             for row, score in enumerate(self._scores)
             if np.isfinite(score)

@@ -53,7 +53,8 @@ class DecodingOptions:
             before the stop string (``serving.generation.stop``); greedy decoding and sampling.
         top_log_probs: with ``return_log_probs``, also this many most likely tokens at each
             output position and their log-probabilities, from the distribution the chosen
-            token's log-probability comes from; greedy decoding and sampling; 0 = none.
+            token's log-probability comes from (with beam search, in the beam the token came
+            through); 0 = none.
     """
 
     max_new_tokens: int | None = None
@@ -178,11 +179,6 @@ class DecodingOptions:
             raise InvalidArgument(
                 f"top_log_probs {self.top_log_probs} needs return_log_probs: set it to true, or "
                 "top_log_probs to 0"
-            )
-        if self.beam_size > 1:
-            raise InvalidArgument(
-                f"top_log_probs is for greedy decoding and sampling, not beam search (beam_size "
-                f"{self.beam_size}): use beam_size 1, or top_log_probs 0"
             )
 
     def _check_repetition_penalty(self) -> None:

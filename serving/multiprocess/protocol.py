@@ -321,6 +321,10 @@ def event_from(kind: str, payload: Any) -> Event:
                 ]
             if finish.top_log_probs is not None:
                 finish.top_log_probs = [TopTokens.of(top) for top in finish.top_log_probs]
+            if finish.alternative_top_log_probs is not None:
+                finish.alternative_top_log_probs = [
+                    [TopTokens.of(top) for top in tops] for tops in finish.alternative_top_log_probs
+                ]
             return finish
         if kind == "error":
             code, message = payload

@@ -296,11 +296,6 @@ def _plan(
             f'"n" = {n} choices need sampling ("temperature" above 0) or beam search '
             f'("beam_size" of at least {n}): greedy decoding has one answer'
         )
-    if top and options.beam_size > 1:
-        raise InvalidArgument(
-            "the most likely tokens are reported for greedy decoding and sampling: leave "
-            '"beam_size" at 1 with "top_logprobs" (chat) or "logprobs" above 0 (completions)'
-        )
     if stream and options.beam_size > 1:
         raise InvalidArgument('a stream decodes greedily or by sampling: leave "beam_size" at 1')
     return plan

@@ -94,9 +94,14 @@ def _alternatives(final: FinishEvent, decode: Callable[[list[int]], str]) -> lis
     scored: list[list[float] | None] = [None] * len(final.alternatives)
     if final.alternative_log_probs is not None:
         scored = list(final.alternative_log_probs)
+    topped: list[list[TopTokens] | None] = [None] * len(final.alternatives)
+    if final.alternative_top_log_probs is not None:
+        topped = list(final.alternative_top_log_probs)
     return [
-        Alternative(decode(ids), list(ids), score, "stop" if ended else "length", log_probs)
-        for (ids, score, ended), log_probs in zip(final.alternatives, scored, strict=True)
+        Alternative(decode(ids), list(ids), score, "stop" if ended else "length", values, tops)
+        for (ids, score, ended), values, tops in zip(
+            final.alternatives, scored, topped, strict=True
+        )
     ]
 
 

@@ -232,16 +232,58 @@ def test_two_frontend_processes_carry_the_tops(
     assert [top for m in messages for top in tops(m)] == tops(unary)
 
 
+def test_beam_hypotheses_carry_their_beams_tops(
+    hf_server: ServerThread, stub: Any, marian: dict[str, Any]
+) -> None:
+    """4 beams, the best and 2 runner-ups: each token's tops are ``torch.topk`` of
+    ``generate``'s scores of the beam the hypothesis came through at that step
+    (``beam_indices``), as its log-probabilities are ``compute_transition_scores``'."""
+    tokenizer, model = marian["tokenizer"], marian["model"]
+    eos = tokenizer.eos_token_id
+    for text in marian["texts"][:6]:
+        with torch.no_grad():
+            out = model.generate(
+                **tokenizer([text], return_tensors="pt"),
+                num_beams=4,
+                num_return_sequences=3,
+                do_sample=False,
+                max_length=MARIAN_MAX_LENGTH,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        (best,) = translate(stub, [text], options(beam_size=4, num_alternatives=2))
+        for row, hypothesis in enumerate([best, *best.alternatives]):
+            chosen = out.sequences[row, 1:].tolist()
+            ids = chosen[: chosen.index(eos)] if eos in chosen else chosen
+            assert list(hypothesis.token_ids) == ids
+            beams = out.beam_indices[row, : len(ids)].tolist()
+            rows = torch.stack([out.scores[step][beam] for step, beam in enumerate(beams)])
+            assert_tops_equal(tops(hypothesis), expected_tops(torch.log_softmax(rows, -1), K))
+            for position, (top_ids, top_values) in enumerate(tops(hypothesis)):
+                if ids[position] in top_ids:  # a beam's token need not be its row's likeliest
+                    value = top_values[top_ids.index(ids[position])]
+                    assert value == pytest.approx(hypothesis.token_log_probs[position], abs=1e-6)
+    request = infer_request(
+        "marian",
+        ("text", "BYTES", [text.encode()]),
+        beam_size=4,
+        return_log_probs=True,
+        top_log_probs=K,
+    )
+    with grpc.insecure_channel(hf_server.address) as channel:
+        kserve = kserve_grpc.GRPCInferenceServiceStub(channel)
+        outputs = decode_outputs(kserve.ModelInfer(request, timeout=30))
+    (plain,) = translate(stub, [text], options(beam_size=4))
+    count = len(plain.token_ids)
+    assert outputs["top_token_ids"][0, :count].tolist() == [i for i, _ in tops(plain)]
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ({"top_log_probs": 3}, "top_log_probs 3 needs return_log_probs"),
         ({"top_log_probs": 21, "return_log_probs": True}, "top_log_probs 21 is out of range"),
         ({"top_log_probs": -1, "return_log_probs": True}, "top_log_probs -1 is out of range"),
-        (
-            {"top_log_probs": 2, "return_log_probs": True, "beam_size": 2},
-            "not beam search (beam_size 2)",
-        ),
     ],
 )
 def test_bad_values_are_refused(stub: Any, fields: dict[str, Any], message: str) -> None:

@@ -546,18 +546,6 @@ REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
     ("chat -1", "chat/completions", chat_body(logprobs=True, top_logprobs=-1), '"top_logprobs"'),
     ("completions 21", "completions", completion_body(logprobs=21), '"logprobs"'),
     ("completions -1", "completions", completion_body(logprobs=-1), '"logprobs"'),
-    (
-        "completions beams",
-        "completions",
-        completion_body(temperature=0, logprobs=2, beam_size=2),
-        '"beam_size"',
-    ),
-    (
-        "chat beams",
-        "chat/completions",
-        chat_body(temperature=0, logprobs=True, top_logprobs=2, beam_size=2),
-        '"beam_size"',
-    ),
     ("completions string", "completions", completion_body(logprobs="3"), '"logprobs"'),
     ("completions bool", "completions", completion_body(logprobs=True), '"logprobs"'),
     ("completions float", "completions", completion_body(logprobs=2.5), '"logprobs"'),
@@ -599,18 +587,37 @@ REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
 )
 def test_refusals(route: str, body: dict[str, Any], words: str, url: str) -> None:
     answer = request(f"{url}/v1/{route}", body)
-    message = assert_openai_error(answer, 400, "INVALID_ARGUMENT", words)
-    if "beam_size" in body:
-        field = '"top_logprobs"' if route.startswith("chat") else '"logprobs"'
-        assert field in message, message
+    assert_openai_error(answer, 400, "INVALID_ARGUMENT", words)
 
 
-def test_beams_without_top_logprobs_are_served(url: str) -> None:
-    """Only the top tokens are refused with beams: the chosen tokens' log-probabilities stay."""
-    answer = completions(url, completion_body(temperature=0, logprobs=0, beam_size=2))
-    assert answer["choices"][0]["logprobs"]["top_logprobs"] is None
-    chat = chats(url, chat_body(temperature=0, logprobs=True, top_logprobs=0, beam_size=2))
-    assert all(e["top_logprobs"] == [] for e in chat["choices"][0]["logprobs"]["content"])
+def test_beams_carry_their_top_logprobs(
+    url: str, native: pb_grpc.AttnServeStub, tokenizers: dict[str, Any]
+) -> None:
+    """n = 2 of 2 beams: each choice's top log-probabilities are its hypothesis's (the gRPC
+    answer's best output and its runner-up)."""
+    body = completion_body(temperature=0, logprobs=3, beam_size=2, n=2)
+    answer = completions(url, body)
+    grpc_answer = translate(
+        native,
+        [PROMPTS[0]],
+        {
+            **GREEDY,
+            "beam_size": 2,
+            "num_alternatives": 1,
+            "return_log_probs": True,
+            "top_log_probs": 3,
+        },
+    )
+    tokenizer = tokenizers["translator"]
+    for choice, output in zip(answer["choices"], outputs(grpc_answer), strict=True):
+        expected = [dict(by_text(pairs)) for pairs in expected_tops(tokenizer, output)]
+        served = choice["logprobs"]["top_logprobs"]
+        assert [list(top) for top in served] == [list(top) for top in expected]
+        for top, want in zip(served, expected, strict=True):
+            assert top == pytest.approx(want, abs=TOLERANCE)
+    chat = chats(url, chat_body(temperature=0, logprobs=True, top_logprobs=3, beam_size=2))
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [len(e["top_logprobs"]) for e in content] == [3] * len(content)
 
 
 def test_refusals_through_the_client(client: openai.OpenAI) -> None:
@@ -636,9 +643,8 @@ def test_refusals_through_the_client(client: openai.OpenAI) -> None:
         ({"top_log_probs": 2}, "return_log_probs"),
         ({"return_log_probs": True, "top_log_probs": 21}, "0..20"),
         ({"return_log_probs": True, "top_log_probs": -1}, "0..20"),
-        ({"return_log_probs": True, "top_log_probs": 2, "beam_size": 2}, "beam"),
     ],
-    ids=["without log probs", "21", "negative", "beams"],
+    ids=["without log probs", "21", "negative"],
 )
 def test_native_refusals(
     options: dict[str, Any], words: str, native: pb_grpc.AttnServeStub
@@ -648,8 +654,6 @@ def test_native_refusals(
         translate(native, [PROMPTS[0]], options)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "top_log_probs" in refused.value.details() and words in refused.value.details()
-    if options.get("beam_size"):
-        return  # a stream refuses beams before it looks at top_log_probs
     with pytest.raises(grpc.RpcError) as streamed:
         native_stream(native, PROMPTS[0], options)
     assert streamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
