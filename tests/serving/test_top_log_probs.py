@@ -214,7 +214,8 @@ def test_kserve_returns_the_tops_as_outputs(
 def test_two_frontend_processes_carry_the_tops(
     hf_repository: Path, stub: Any, marian: dict[str, Any]
 ) -> None:
-    """Tops cross the engine process's socket in token events (streams) and in finishes."""
+    """Tops cross the engine process's socket in token events (streams) and in finishes (a
+    beam search's runner-ups' too)."""
     text = marian["texts"][3]
     (unary,) = translate(stub, [text], options())
     request = pb.TranslateStreamRequest(
@@ -226,9 +227,15 @@ def test_two_frontend_processes_carry_the_tops(
             other = pb_grpc.AttnServeStub(channel)
             (remote,) = translate(other, [text], options())
             messages = list(other.TranslateStream(request, timeout=60))
+            (beams,) = translate(other, [text], options(beam_size=4, num_alternatives=2))
         finally:
             channel.close()
     assert tops(remote) == tops(unary)
+    (local,) = translate(stub, [text], options(beam_size=4, num_alternatives=2))
+    assert [tops(h) for h in (beams, *beams.alternatives)] == [
+        tops(h) for h in (local, *local.alternatives)
+    ]
+    assert all(tops(h) for h in beams.alternatives)
     assert [top for m in messages for top in tops(m)] == tops(unary)
 
 
