@@ -37,6 +37,40 @@ def generate(marian: dict[str, Any], texts: list[str], **options: Any) -> list[l
     return [hf_generated(row, eos, pad) for row in rows.tolist()]
 
 
+def generate_greedy(marian: dict[str, Any], text: str, **options: Any) -> Any:
+    """``generate``'s greedy search of ``text`` with ``options``, with the steps' scores
+    (``output_scores``, ``return_dict_in_generate``)."""
+    import torch
+
+    with torch.no_grad():
+        return marian["model"].generate(
+            **marian["tokenizer"]([text], return_tensors="pt"),
+            num_beams=1,
+            do_sample=False,
+            max_length=MARIAN_MAX_LENGTH,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **options,
+        )
+
+
+def generate_beams(marian: dict[str, Any], text: str, beams: int = 4, returned: int = 3) -> Any:
+    """``generate``'s beam search of ``text``: its ``returned`` best sequences with the steps'
+    scores and beam indices (``output_scores``, ``return_dict_in_generate``)."""
+    import torch
+
+    with torch.no_grad():
+        return marian["model"].generate(
+            **marian["tokenizer"]([text], return_tensors="pt"),
+            num_beams=beams,
+            num_return_sequences=returned,
+            do_sample=False,
+            max_length=MARIAN_MAX_LENGTH,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+
+
 def _cut_at(row: list[int], token: int, start: int) -> list[int]:
     """``row`` up to the first ``token`` at or after ``start``."""
     return row[: row.index(token, start)] if token in row[start:] else row

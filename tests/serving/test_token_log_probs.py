@@ -28,6 +28,7 @@ from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
 from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E402
+from tests.serving.hf_marian import generate_beams, generate_greedy  # noqa: E402
 from tests.serving.hf_streams import stream_log_probs  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
@@ -52,16 +53,7 @@ def generate_scored(marian: dict[str, Any], text: str, **options: Any) -> tuple[
     """``generate``'s greedy ids of ``text`` (no start token, no EOS) and the score of every
     chosen token, EOS included."""
     tokenizer = marian["tokenizer"]
-    with torch.no_grad():
-        out = marian["model"].generate(
-            **tokenizer([text], return_tensors="pt"),
-            num_beams=1,
-            do_sample=False,
-            max_length=MARIAN_MAX_LENGTH,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **options,
-        )
+    out = generate_greedy(marian, text, **options)
     chosen = out.sequences[0, 1:].tolist()
     scores = [float(step[0, token]) for step, token in zip(out.scores, chosen, strict=False)]
     eos = tokenizer.eos_token_id
@@ -136,16 +128,8 @@ def test_beam_hypotheses_carry_generates_transition_scores(
     options = pb.DecodingOptions(beam_size=4, num_alternatives=2, return_log_probs=True)
     channel = grpc.insecure_channel(hf_server.address)
     for text in marian["texts"][:8]:
+        out = generate_beams(marian, text)
         with torch.no_grad():
-            out = model.generate(
-                **tokenizer([text], return_tensors="pt"),
-                num_beams=4,
-                num_return_sequences=3,
-                do_sample=False,
-                max_length=MARIAN_MAX_LENGTH,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
             steps = model.compute_transition_scores(
                 out.sequences, out.scores, out.beam_indices, normalize_logits=False
             )

@@ -26,8 +26,8 @@ from serving.kserve.tensors import decode_outputs  # noqa: E402
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb  # noqa: E402
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc  # noqa: E402
 from serving.proto_gen.inference import grpc_service_pb2_grpc as kserve_grpc  # noqa: E402
-from tests.export.hf_fixtures import MARIAN_MAX_LENGTH, marian_texts  # noqa: E402
 from tests.serving.frontends import two_frontends  # noqa: E402
+from tests.serving.hf_marian import generate_beams, generate_greedy, load_marian  # noqa: E402
 from tests.serving.kserve.infer_requests import infer_request  # noqa: E402
 from tests.serving.server_thread import ServerThread  # noqa: E402
 
@@ -40,12 +40,7 @@ TOLERANCE = 2e-4  # ONNX Runtime against PyTorch logits, through a log-softmax
 
 @pytest.fixture(scope="module")
 def marian(hf_sources: dict[str, Path]) -> dict[str, Any]:
-    directory = hf_sources["marian"]
-    return {
-        "tokenizer": transformers.AutoTokenizer.from_pretrained(directory),
-        "model": transformers.MarianMTModel.from_pretrained(directory).eval(),
-        "texts": marian_texts(TEXTS, seed=31),
-    }
+    return load_marian(hf_sources["marian"], TEXTS, seed=31)
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +82,7 @@ def assert_tops_equal(served: list, expected: list) -> None:
 
 def generate_log_probs(marian: dict[str, Any], text: str, **controls: Any) -> Any:
     """``generate``'s greedy output's per-step log-probabilities (steps x vocabulary)."""
-    tokenizer = marian["tokenizer"]
-    with torch.no_grad():
-        out = marian["model"].generate(
-            **tokenizer([text], return_tensors="pt"),
-            num_beams=1,
-            do_sample=False,
-            max_length=MARIAN_MAX_LENGTH,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **controls,
-        )
+    out = generate_greedy(marian, text, **controls)
     return torch.log_softmax(torch.cat(out.scores), -1)
 
 
@@ -245,19 +230,9 @@ def test_beam_hypotheses_carry_their_beams_tops(
     """4 beams, the best and 2 runner-ups: each token's tops are ``torch.topk`` of
     ``generate``'s scores of the beam the hypothesis came through at that step
     (``beam_indices``), as its log-probabilities are ``compute_transition_scores``'."""
-    tokenizer, model = marian["tokenizer"], marian["model"]
-    eos = tokenizer.eos_token_id
+    eos = marian["tokenizer"].eos_token_id
     for text in marian["texts"][:6]:
-        with torch.no_grad():
-            out = model.generate(
-                **tokenizer([text], return_tensors="pt"),
-                num_beams=4,
-                num_return_sequences=3,
-                do_sample=False,
-                max_length=MARIAN_MAX_LENGTH,
-                output_scores=True,
-                return_dict_in_generate=True,
-            )
+        out = generate_beams(marian, text)
         (best,) = translate(stub, [text], options(beam_size=4, num_alternatives=2))
         for row, hypothesis in enumerate([best, *best.alternatives]):
             chosen = out.sequences[row, 1:].tolist()
