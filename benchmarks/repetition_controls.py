@@ -65,10 +65,10 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
         "ctranslate2": {"return_scores": True},
         "hf": {"output_scores": True, "return_dict_in_generate": True},
     },
-    # each position's 5 most likely tokens with their log-probabilities (greedy search only):
-    # attnserve's top_log_probs; the peers have no top-k of their own and return every
-    # position's whole vocabulary, CTranslate2's return_logits_vocab, generate's output_scores
-    # (the caller's top-k over them is not timed)
+    # each position's 5 most likely tokens with their log-probabilities (with beams: of the
+    # beam each token came through): attnserve's top_log_probs; the peers have no top-k of
+    # their own and return every position's whole vocabulary, CTranslate2's
+    # return_logits_vocab, generate's output_scores (the caller's top-k is not timed)
     "top_log_probs": {
         "attnserve-beam": {"return_log_probs": True, "top_log_probs": 5},
         "ctranslate2": {"return_scores": True, "return_logits_vocab": True},
@@ -94,7 +94,7 @@ SETUPS: dict[str, dict[str, dict[str, Any]]] = {
     "stop": {"attnserve-beam": {"stop": [STOP]}, "ctranslate2": {}, "hf": {}},
 }
 SAMPLES = 5  # outputs per row in the ``samples`` setup
-GREEDY_ONLY = ("samples", "stop", "top_log_probs")  # setups without beam search
+GREEDY_ONLY = ("samples", "stop")  # setups without beam search
 
 
 def setup_controls(setup: str, beam_size: int) -> dict[str, dict[str, Any]]:

@@ -18,16 +18,17 @@ PEERS = importlib.util.find_spec("ctranslate2") and importlib.util.find_spec("tr
 
 @pytest.mark.skipif(not PEERS, reason="needs ctranslate2 and transformers (the peers)")
 def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> None:
-    setups = "none,both,samples,top_log_probs"  # "scores": its options are checked below
+    # "both" and "scores": their options are checked below (and "both"'s tokens against
+    # generate's in test_the_runners_decode_with_the_controls)
+    setups = "none,samples,top_log_probs"
     args = ["--tiny", "--repetitions", "1", "--out", str(tmp_path), "--setups", setups]
     args += ["--beam-sizes", "1,3", "--batches", "2", "--new-tokens", "6"]
     assert repetition_controls.main(args) == 0
     (path,) = tmp_path.glob("repetition-controls-*-tiny.json")
     result = json.loads(path.read_text())
     points = {(p["setup"], p["beam_size"]): p for p in result["points"]}
-    assert set(points) == {(s, b) for s in ("none", "both") for b in (1, 3)} | {
-        ("samples", 1),  # sampling has no beams
-        ("top_log_probs", 1),  # nor the most likely tokens
+    assert set(points) == {(s, b) for s in ("none", "top_log_probs") for b in (1, 3)} | {
+        ("samples", 1)  # sampling has no beams
     }
     top = points[("top_log_probs", 1)]["controls"]
     assert top["attnserve-beam"] == {"return_log_probs": True, "top_log_probs": 5}
@@ -38,20 +39,20 @@ def test_each_setup_and_beam_size_is_a_point_with_its_cost(tmp_path: Path) -> No
     for name, runs in samples["runs"].items():  # the rate counts all five samples of a row
         seconds = sorted(runs["runs_s"])[0]
         assert samples["new_tokens_per_s"][name] == pytest.approx(2 * 6 * 5 / seconds, rel=0.01)
-    assert points[("both", 3)]["controls"] == repetition_controls.SETUPS["both"]
+    assert points[("top_log_probs", 3)]["controls"] == repetition_controls.SETUPS["top_log_probs"]
     assert not result["skipped"]  # every engine took its options
-    assert {"attnserve-fp32-greedy", "hf-generate-kv"} <= set(points[("both", 1)]["runs"])
-    assert "attnserve-fp32-beam3" in points[("both", 3)]["runs"]
+    assert {"attnserve-fp32-greedy", "hf-generate-kv"} <= set(points[("top_log_probs", 1)]["runs"])
+    assert "attnserve-fp32-beam3" in points[("top_log_probs", 3)]["runs"]
     for (setup, _), point in points.items():
         for name, runs in point["runs"].items():  # every engine gave 2 rows of exactly 6 tokens
             if setup != "samples" or not name.startswith("hf-"):
                 assert runs["output_shape"] == [2, 6]
     for beam in (1, 3):
-        plain, both = points[("none", beam)], points[("both", beam)]
+        plain, top = points[("none", beam)], points[("top_log_probs", beam)]
         assert set(plain["vs_none"].values()) == {1.0}
-        for name, rate in both["new_tokens_per_s"].items():
+        for name, rate in top["new_tokens_per_s"].items():
             expected = rate / plain["new_tokens_per_s"][name]
-            assert both["vs_none"][name] == pytest.approx(expected, abs=1e-3)
+            assert top["vs_none"][name] == pytest.approx(expected, abs=1e-3)
 
 
 def test_the_scores_setup_asks_greedy_rows_only_for_log_probs() -> None:
