@@ -59,6 +59,18 @@ class Alternative:
     token_log_probs: list[float] | None = None  # ``return_log_probs``: one per token id
     top_log_probs: list[TopTokens] | None = None  # ``top_log_probs``: one per token id
 
+    @classmethod
+    def of(cls, generated: Generated) -> Alternative:
+        """A further sample's output as an alternative of the first."""
+        return cls(
+            generated.text,
+            generated.token_ids,
+            generated.score or 0.0,
+            generated.finish_reason,
+            generated.token_log_probs,
+            generated.top_log_probs,
+        )
+
 
 @dataclass
 class Generated:
@@ -447,17 +459,7 @@ class ServedGenerator(ServedEntry):
         """The request and its further samples decoded side by side (they share decode steps);
         one failing, or the call cancelled, stops all of them."""
         first, *more = await generate_all(self._generate, [request, *samples(request)])
-        first.alternatives = [
-            Alternative(
-                r.text,
-                r.token_ids,
-                r.score or 0.0,
-                r.finish_reason,
-                r.token_log_probs,
-                r.top_log_probs,
-            )
-            for r in more
-        ]
+        first.alternatives = [Alternative.of(r) for r in more]
         return first
 
     async def _generate(self, request: GenerationRequest) -> Generated:

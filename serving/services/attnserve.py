@@ -54,7 +54,7 @@ def decoding_options(message: pb.DecodingOptions) -> DecodingOptions:
     )
 
 
-def top_log_probs(tops: list[TopTokens] | None) -> list[pb.TopLogProbs]:
+def _top_messages(tops: list[TopTokens] | None) -> list[pb.TopLogProbs]:
     """``DecodingOptions.top_log_probs``' answer fields (none without them)."""
     return [pb.TopLogProbs(token_ids=ids, log_probs=values) for ids, values in tops or ()]
 
@@ -84,7 +84,7 @@ def _alternatives(result: Generated) -> list[pb.Hypothesis]:
             score=a.score,
             finish_reason=FINISH[a.finish_reason],
             token_log_probs=a.token_log_probs or (),
-            top_log_probs=top_log_probs(a.top_log_probs),
+            top_log_probs=_top_messages(a.top_log_probs),
         )
         for a in result.alternatives
     ]
@@ -174,7 +174,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                     score=result.score or 0.0,
                     alternatives=_alternatives(result),
                     token_log_probs=result.token_log_probs or (),
-                    top_log_probs=top_log_probs(result.top_log_probs),
+                    top_log_probs=_top_messages(result.top_log_probs),
                 )
             )
         response.usage.input_tokens = sum(r.input_tokens for r in results)
@@ -221,7 +221,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             score=result.score or 0.0,
             alternatives=_alternatives(result),
             token_log_probs=result.token_log_probs or (),
-            top_log_probs=top_log_probs(result.top_log_probs),
+            top_log_probs=_top_messages(result.top_log_probs),
             model=model.name,
             model_version=str(model.version),
             usage=pb.Usage(input_tokens=result.input_tokens, output_tokens=len(result.token_ids)),
@@ -254,7 +254,7 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                 token_ids=item.token_ids,
                 index=item.index,
                 token_log_probs=item.log_probs or (),
-                top_log_probs=top_log_probs(item.top),
+                top_log_probs=_top_messages(item.top),
             )
         return cls(
             finish_reason=FINISH[item.finish_reason],
