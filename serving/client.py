@@ -5,6 +5,7 @@ with AttnServeClient("127.0.0.1:50051") as client:
     for delta in client.translate_stream("forty-two", to="fr"): print(delta, end="")
     client.caption(Path("scene.png").read_bytes()).text
     client.classify(Path("digit.png").read_bytes())[0].label
+    client.score(["ninety"], ["neunzig"], to="de")[0].score             # -0.0013
 
 Against a server with TLS and tokens:
     AttnServeClient("attnserve.example:50051", tls_ca="ca.pem", token=os.environ["ATTNSERVE_TOKEN"])
@@ -54,6 +55,17 @@ class TextResult:
     token_log_probs: tuple[float, ...] = ()  # with return_log_probs=True
     # with top_log_probs=k: per token, its position's k most likely (token id, log-prob)
     top_log_probs: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+
+@dataclass
+class TargetScore:
+    """A scored target (``score``): its tokens' log-probabilities after the source, EOS's, and
+    their sum."""
+
+    token_ids: list[int]
+    token_log_probs: tuple[float, ...]
+    eos_log_prob: float
+    score: float
 
 
 @dataclass
@@ -253,6 +265,55 @@ class AttnServeClient:
         for message in self._stream(self.stub.CaptionStream, request, timeout):
             if message.delta:
                 yield message.delta
+
+    def score(
+        self,
+        texts: str | list[str],
+        targets: str | list[str],
+        to: str,
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
+        model_version: str = "",
+    ) -> list[TargetScore]:
+        """How likely the translator finds each target as the translation into ``to`` of its
+        text (one target per text): each target token's log-probability, EOS's and their sum
+        (CTranslate2's ``score_batch``)."""
+        request = pb.ScoreRequest(
+            texts=[texts] if isinstance(texts, str) else texts,
+            targets=[targets] if isinstance(targets, str) else targets,
+            target_language=to,
+            model=model,
+            priority=priority,
+            model_version=model_version,
+        )
+        return self._scores(request, timeout)
+
+    def score_captions(
+        self,
+        images: list[bytes],
+        targets: list[str],
+        model: str = "",
+        timeout: float | None = None,
+        priority: int = 0,
+        model_version: str = "",
+    ) -> list[TargetScore]:
+        """How likely the captioner finds each target as the caption of its PNG / JPEG image."""
+        request = pb.ScoreRequest(
+            images=images,
+            targets=targets,
+            model=model,
+            priority=priority,
+            model_version=model_version,
+        )
+        return self._scores(request, timeout)
+
+    def _scores(self, request: pb.ScoreRequest, timeout: float | None) -> list[TargetScore]:
+        response = self._call(self.stub.Score, request, timeout)
+        return [
+            TargetScore(list(s.token_ids), tuple(s.token_log_probs), s.eos_log_prob, s.score)
+            for s in response.scores
+        ]
 
     def classify(
         self,

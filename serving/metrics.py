@@ -122,6 +122,7 @@ INFERENCE_METHODS = frozenset(
         "Caption",
         "CaptionStream",
         "Classify",
+        "Score",
         "ModelInfer",
         "ModelStreamInfer",
     }

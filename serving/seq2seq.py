@@ -7,7 +7,7 @@ the export's end-to-end parity check against PyTorch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,18 @@ from contract.model_config import DecoderSpec
 from serving.backends.base import Backend
 
 _ONNX_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def padded_sources(sources: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id rows of different lengths as the encoder takes them: ``input_ids`` right-padded
+    with ``pad_id`` and ``attention_mask`` (1 on real tokens), both (B, longest) int64."""
+    length = max(len(ids) for ids in sources)
+    ids = np.full((len(sources), length), pad_id, dtype=np.int64)
+    mask = np.zeros((len(sources), length), dtype=np.int64)
+    for row, source in enumerate(sources):
+        ids[row, : len(source)] = source
+        mask[row, : len(source)] = 1
+    return ids, mask
 
 
 @dataclass

@@ -65,7 +65,7 @@ from serving.engine.step_layout import ActiveSequence, StepAhead, StepLayout
 from serving.errors import Cancelled, DeadlineExceeded, Internal, ResourceExhausted, Unavailable
 from serving.generation.sampling import greedy_decide, greedy_rows
 from serving.metrics import ServingMetrics
-from serving.seq2seq import Encoded, Seq2SeqRunner
+from serving.seq2seq import Encoded, Seq2SeqRunner, padded_sources
 
 # greedy rows from which the step chooses their tokens in one numpy pass (``greedy_rows``)
 GREEDY_PASS_ROWS = 4
@@ -409,13 +409,8 @@ class InFlightEngine:
         # on a device the in-place cache takes the encoder's output where it is computed
         device = getattr(self.cache, "encoder_device", None)
         if joiners[0].source_ids is not None:
-            length = max(len(r.source_ids) for r in joiners)  # type: ignore[arg-type]
-            ids = np.full((len(joiners), length), self.spec.pad_id, dtype=np.int64)
-            mask = np.zeros((len(joiners), length), dtype=np.int64)
-            for row, request in enumerate(joiners):
-                assert request.source_ids is not None
-                ids[row, : len(request.source_ids)] = request.source_ids
-                mask[row, : len(request.source_ids)] = 1
+            sources = [r.source_ids for r in joiners if r.source_ids is not None]
+            ids, mask = padded_sources(sources, self.spec.pad_id)
             return self.runner.encode({"input_ids": ids, "attention_mask": mask}, device)
         images = []
         for request in joiners:

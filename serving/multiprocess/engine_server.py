@@ -54,6 +54,7 @@ from serving.multiprocess.protocol import (
 )
 from serving.multiprocess.shm import ArenaError, ArenaReader, receive_hello
 from serving.repository import ModelRepository
+from serving.scoring import ScoreItem
 from serving.served import ServedClassifier, ServedGenerator
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,9 @@ class EngineServer:
         elif kind == "generate" and len(arrays) == 1:
             self._generate(key, header, _owned(arrays[0]))
         elif kind == "classify" and len(arrays) == 1:
-            self._classify(key, header, _owned(arrays[0]))
+            self._batch(key, header, _owned(arrays[0]))
+        elif kind == "score" and len(arrays) == 2:
+            self._batch(key, header, ScoreItem(_owned(arrays[0]), _owned(arrays[1])))
         elif kind in ("load", "unload", "trace", "log"):
             task = asyncio.create_task(self._control(key, kind, header))
             self._controls.add(task)
@@ -299,19 +302,26 @@ class EngineServer:
         if isinstance(events[-1], FinishEvent | ErrorEvent):
             self._generations.pop(key, None)
 
-    def _classify(self, key: Key, header: dict[str, Any], pixels: np.ndarray) -> None:
-        """Queue the image in its model's batcher; the answer goes to the frontend from a
-        callback on the result (no task per request)."""
+    def _batch(self, key: Key, header: dict[str, Any], item: np.ndarray | ScoreItem) -> None:
+        """Queue an image in its classifier's batcher, or a pair in its generator's scoring
+        batcher; the answer goes to the frontend from a callback on the result (no task per
+        request)."""
         try:
             model = self.repository.get(str(header["model"]), str(header.get("version", "")))
-            if not isinstance(model, ServedClassifier):
+            batcher: Any = None
+            if isinstance(item, ScoreItem):
+                if not isinstance(model, ServedGenerator):
+                    raise InvalidArgument(f"model {model.name!r} does not generate: no scores")
+                batcher = model.scorer
+            elif isinstance(model, ServedClassifier):
+                batcher = model.batcher
+            else:
                 raise InvalidArgument(f"model {model.name!r} is not a classifier")
-            batcher = model.batcher
             if not isinstance(batcher, DynamicBatcher):
                 raise Internal(f"model {model.name!r} has no batcher in this process")
             times: list[float] | None = [] if header.get("times") else None
             ticket = batcher.enqueue(
-                pixels, timeout_s=header["timeout"], priority=header["priority"], times=times
+                item, timeout_s=header["timeout"], priority=header["priority"], times=times
             )
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))

@@ -109,7 +109,8 @@ def remote_models(client: EngineClient) -> ModelFactory:
             batcher = RemoteBatcher(client, config.name, version)
             return ServedClassifier(config, version_dir, None, batcher=batcher)
         engine = RemoteEngine(client, config.name, version, config.batching.decode_rows)
-        return ServedGenerator(config, version_dir, None, engine=engine)
+        scorer = RemoteBatcher(client, config.name, version, kind="score")
+        return ServedGenerator(config, version_dir, None, engine=engine, scorer=scorer)
 
     return make
 

@@ -379,12 +379,17 @@ class RemoteEngine:
 
 
 class RemoteBatcher:
-    """``Batcher`` of one classifier whose dynamic batcher runs in the engine process."""
+    """``Batcher`` of one model whose dynamic batcher runs in the engine process: a classifier's
+    (``kind`` "classify": an image's pixels in) or a generator's scoring batcher ("score": a
+    ``ScoreItem``'s two arrays in)."""
 
-    def __init__(self, client: EngineClient, model: str, version: int) -> None:
+    def __init__(
+        self, client: EngineClient, model: str, version: int, kind: str = "classify"
+    ) -> None:
         self.client = client
         self.model = model
         self.version = version
+        self.kind = kind
 
     @property
     def running(self) -> bool:
@@ -398,21 +403,22 @@ class RemoteBatcher:
 
     async def submit(
         self,
-        item: np.ndarray,
+        item: np.ndarray | tuple[np.ndarray, ...],
         *,
         timeout_s: float | None = None,
         priority: int = 0,
         times: list[float] | None = None,
     ) -> np.ndarray:
-        """The class probabilities of one image, batched in the engine process (``times``:
-        gets its queue entry and its batch's start and end there, as ``DynamicBatcher``'s).
+        """The result of one item (an image's class probabilities, a pair's log-probabilities),
+        batched in the engine process (``times``: gets its queue entry and its batch's start and
+        end there, as ``DynamicBatcher``'s).
 
         Raises:
             ServingError: what the engine's batcher raised (queue full, deadline, ...).
         """
         request_id, answer = self.client.open_call()
         header = {
-            "t": "classify",
+            "t": self.kind,
             "id": request_id,
             "model": self.model,
             "version": self.version,
@@ -421,7 +427,7 @@ class RemoteBatcher:
         }
         if times is not None:
             header["times"] = True
-        self.client.send(header, [item])
+        self.client.send(header, list(item) if isinstance(item, tuple) else [item])
         answered = False
         try:
             kind, payload = await answer

@@ -10,7 +10,6 @@ import queue
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -19,6 +18,7 @@ from contract.model_config import ClassifierConfig
 from serving import tracing
 from serving.backends.base import Backend
 from serving.batching.dynamic import DynamicBatcher
+from serving.batching.handle import Batcher
 from serving.errors import InvalidArgument
 from serving.metrics import ServingMetrics
 from serving.served.entry import ServedEntry
@@ -47,27 +47,6 @@ def pads_batches(config: ClassifierConfig) -> bool:
     )
 
 
-class Batcher(Protocol):
-    """What a served classifier needs from its batcher: the in-process ``DynamicBatcher`` or a
-    frontend's handle on the engine process (``serving.multiprocess.remote.RemoteBatcher``)."""
-
-    @property
-    def running(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self, drain: bool = True) -> None: ...
-
-    async def submit(
-        self,
-        item: np.ndarray,
-        *,
-        timeout_s: float | None = None,
-        priority: int = 0,
-        times: list[float] | None = None,
-    ) -> np.ndarray: ...
-
-
 @dataclass
 class LabelScore:
     label: str
@@ -85,7 +64,7 @@ class ServedClassifier(ServedEntry):
         backend: Backend | None,
         metrics: ServingMetrics | None = None,
         *,
-        batcher: Batcher | None = None,
+        batcher: Batcher[np.ndarray, np.ndarray] | None = None,
         more_backends: Sequence[Backend] = (),
     ) -> None:
         """Args: the entry's config.yaml, its version folder, the graph (None with ``batcher``),
@@ -104,7 +83,7 @@ class ServedClassifier(ServedEntry):
         self.images = ImageSource(
             self.name, config.image, config.limits.max_image_bytes, self.float_dtype
         )
-        self.batcher: Batcher = batcher or DynamicBatcher(
+        self.batcher: Batcher[np.ndarray, np.ndarray] = batcher or DynamicBatcher(
             config.name,
             self._classify_batch,
             config.batching,

@@ -16,12 +16,19 @@ from typing import Protocol
 import numpy as np
 
 from contract.graphs import DECODER_INPLACE, INPLACE_GRAPH_FILES, OPTIONAL_INPLACE_GRAPH_FILES
-from contract.model_config import GeneratorConfig, level_timeout_ms, priority_level
+from contract.model_config import (
+    DynamicBatching,
+    GeneratorConfig,
+    level_timeout_ms,
+    priority_level,
+)
 from contract.text import load_text_tokenizer
 from serving import tracing
 from serving.backends.base import Backend
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.backends.onnxruntime_io import InPlaceDecoder
+from serving.batching.dynamic import DynamicBatcher
+from serving.batching.handle import Batcher
 from serving.engine.gauges import GaugeBoard
 from serving.engine.inflight import InFlightEngine
 from serving.engine.inplace_cache import InPlaceKVCache
@@ -34,16 +41,18 @@ from serving.engine.requests import (
     TokenEvent,
 )
 from serving.engine.slots import power_of_two_buckets
-from serving.errors import InvalidArgument, TooLarge
+from serving.errors import FailedPrecondition, InvalidArgument, TooLarge
 from serving.generation.detokenizer import IncrementalDetokenizer
 from serving.generation.options import DecodingOptions
 from serving.generation.stop import StopMatcher
 from serving.generation.top_tokens import NONE as NO_TOKENS
 from serving.generation.top_tokens import TopTokens
 from serving.metrics import ServingMetrics
+from serving.scoring import ScoreItem, Scorer, ScoringGraphs
 from serving.seq2seq import Seq2SeqRunner
 from serving.served.entry import ServedEntry
-from serving.served.inputs import BadWords, ImageSource, TargetPrefix, TextSource
+from serving.served.inputs import BadWords, ImageSource, ScoreTarget, TargetPrefix, TextSource
+from serving.served.scores import Scored, score_all
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +284,36 @@ def local_engines(
     )
 
 
+def scoring_batching(config: GeneratorConfig) -> DynamicBatching:
+    """The dynamic batching of a generator's ``Score`` pairs: up to ``limits.max_batch_size``
+    pairs a pass, whatever is queued when a pass starts (no delay), with the queue limits,
+    deadlines and priority levels of its generations."""
+    b = config.batching
+    return DynamicBatching(
+        max_batch_size=config.limits.max_batch_size,
+        max_queue_size=b.max_queue_size,
+        timeout_ms=b.timeout_ms,
+        priority_levels=b.priority_levels,
+        default_priority_level=b.default_priority_level,
+        priority_queue_policy=b.priority_queue_policy,
+    )
+
+
+def local_scorer(
+    config: GeneratorConfig, version_dir: Path, backend: Backend, metrics: ServingMetrics | None
+) -> DynamicBatcher[ScoreItem, np.ndarray]:
+    """The in-process batcher of ``Score`` pairs over the model's first backend."""
+    scorer = Scorer(ScoringGraphs(backend, version_dir, config.onnxruntime), config.decoder)
+    return DynamicBatcher(
+        config.name,
+        scorer.score_batch,
+        scoring_batching(config),
+        metrics=metrics,
+        stage="scoring",
+        version=version_dir.name,
+    )
+
+
 class GenerationEngine(Protocol):
     """What a served generator needs from its engine: the in-process ``InFlightEngine``, or a
     frontend's handle on the engine process (``serving.multiprocess.remote.RemoteEngine``)."""
@@ -304,6 +343,7 @@ class ServedGenerator(ServedEntry):
         metrics: where the engine records.
         engine: an engine that runs elsewhere (a frontend process's handle on the engine).
         more_backends: the graphs of further engine instances (``batching.instances``).
+        scorer: with ``engine``: the batcher of ``Score`` pairs that runs beside it.
     """
 
     def __init__(
@@ -315,6 +355,7 @@ class ServedGenerator(ServedEntry):
         *,
         engine: GenerationEngine | None = None,
         more_backends: Sequence[Backend] = (),
+        scorer: Batcher[ScoreItem, np.ndarray] | None = None,
     ) -> None:
         super().__init__(config, version_dir, backend)
         self.config = config
@@ -334,6 +375,7 @@ class ServedGenerator(ServedEntry):
         # the position table bounds an output too (a config may raise max_new_tokens above it)
         longest = min(limits.max_new_tokens, config.decoder.max_positions - 1)
         self.prefixes = TargetPrefix(self.name, self.tokenizer, longest)
+        self.targets = ScoreTarget(self.name, self.tokenizer, longest)
         self.bad_words = BadWords(self.name, self.tokenizer)
         self.images = (
             ImageSource(self.name, config.image, limits.max_image_bytes, self.float_dtype)
@@ -344,7 +386,9 @@ class ServedGenerator(ServedEntry):
             if backend is None:
                 raise ValueError(f"model {config.name!r}: a local engine needs the backend")
             engine = local_engines(config, [backend, *more_backends], metrics, str(self.version))
+            scorer = local_scorer(config, version_dir, backend, metrics)
         self.engine: GenerationEngine = engine
+        self.scorer = scorer
         first = engine.engines[0] if isinstance(engine, EnginePool) else engine
         local = isinstance(first, InFlightEngine)
         inplace = local and isinstance(first.cache, InPlaceKVCache)  # type: ignore[attr-defined]
@@ -353,8 +397,12 @@ class ServedGenerator(ServedEntry):
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         self.engine.start()
+        if self.scorer is not None:
+            await self.scorer.start()
 
     async def stop(self, grace: float = 10.0) -> None:
+        if self.scorer is not None:
+            await self.scorer.stop(drain=True)
         await asyncio.to_thread(self.engine.stop, grace)
 
     @property
@@ -388,6 +436,28 @@ class ServedGenerator(ServedEntry):
     def prefix_ids(self, text: str) -> tuple[int, ...]:
         """The token ids of a target prefix (``TargetPrefix.ids``); () for none."""
         return self.prefixes.ids(text)
+
+    # --- scoring --------------------------------------------------------------------------------
+    def target_ids(self, text: str) -> np.ndarray:
+        """The token ids (int64) of a target to score (``ScoreTarget.ids``); none for ""."""
+        return np.asarray(self.targets.ids(text), dtype=np.int64)
+
+    async def score(
+        self, items: Sequence[ScoreItem], timeout_s: float | None = None, priority: int = 0
+    ) -> list[Scored]:
+        """Each pair's target token log-probabilities and EOS's (``serving.scoring``), its pairs
+        batched with other calls' (``priority``, ``timeout_s``: as a generation's).
+
+        Raises:
+            FailedPrecondition: a model served by TensorRT (its engines decode one position).
+            ResourceExhausted / DeadlineExceeded / Unavailable: from the scoring batcher.
+        """
+        if self.scorer is None or self.config.backend != "onnxruntime":
+            raise FailedPrecondition(
+                f"model {self.name!r} is served by {self.config.backend}; scoring runs on "
+                "ONNX Runtime: serve an ONNX Runtime export of it to score"
+            )
+        return await score_all(self.scorer, items, timeout_s, priority)
 
     def options(self, options: DecodingOptions, prefix_tokens: int = 0) -> DecodingOptions:
         """Validate decoding options against this model's limits (and the tokens of the

@@ -100,32 +100,35 @@ class TextSource:
         )
 
 
-class TargetPrefix:
-    """Target prefixes of a generation model: the text its outputs must start with, tokenized as
-    the decoder writes it, bounded.
+class TargetText:
+    """Texts a request gives for the target side, tokenized as the decoder writes them and
+    bounded: a prefix to start outputs with (``TargetPrefix``) or a target to score
+    (``ScoreTarget``).
 
     Args:
         model: the model's name (for messages).
         tokenizer: the model's tokenizer (``encode_target``).
-        max_new_tokens: the most tokens an output holds; a prefix leaves room for one more.
+        max_tokens: the most tokens such a text may take.
     """
 
-    def __init__(self, model: str, tokenizer: TextTokenizer, max_new_tokens: int) -> None:
+    what = "the target"
+
+    def __init__(self, model: str, tokenizer: TextTokenizer, max_tokens: int) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.max_tokens = max_new_tokens - 1
+        self.max_tokens = max_tokens
 
     @functools.cached_property
     def max_chars(self) -> int:
-        """Longer prefixes cannot fit ``max_tokens`` (as ``TextSource.max_chars``)."""
+        """Longer texts cannot fit ``max_tokens`` (as ``TextSource.max_chars``)."""
         return 4 * longest_token(self.tokenizer) * max(1, self.max_tokens)
 
     def ids(self, text: str) -> tuple[int, ...]:
         """The ids of ``text`` (none for an empty one), as the decoder would generate them.
 
         Raises:
-            InvalidArgument: the prefix holds a special token (EOS, padding, a piece outside the
-                vocabulary that becomes ``<unk>``): the output would not start with the text.
+            InvalidArgument: the text holds a special token (EOS, padding, a piece outside the
+                vocabulary that becomes ``<unk>``): no output of the model writes it.
             TooLarge: more tokens than the model's outputs leave room for.
         """
         if not text:
@@ -133,10 +136,26 @@ class TargetPrefix:
         if len(text) > self.max_chars:  # surely too long: refuse without tokenizing
             raise self._too_long(f"{len(text)} characters")
         ids = self.tokenizer.encode_target(text)
-        refuse_special(self.tokenizer, ids, f"the target prefix {text[:40]!r}", self.model)
+        refuse_special(self.tokenizer, ids, f"{self.what} {text[:40]!r}", self.model)
         if len(ids) > self.max_tokens:
             raise self._too_long(f"{len(ids)} tokens")
         return tuple(ids)
+
+    def _too_long(self, size: str) -> TooLarge:
+        return TooLarge(
+            f"{self.what} is {size} long; model {self.model!r} writes at most "
+            f"{self.max_tokens} tokens (limits.max_new_tokens): send a shorter one"
+        )
+
+
+class TargetPrefix(TargetText):
+    """Target prefixes of a generation model: the text its outputs must start with (at most
+    ``max_new_tokens`` - 1 tokens: a prefix leaves room for one more)."""
+
+    what = "the target prefix"
+
+    def __init__(self, model: str, tokenizer: TextTokenizer, max_new_tokens: int) -> None:
+        super().__init__(model, tokenizer, max_new_tokens - 1)
 
     def _too_long(self, size: str) -> TooLarge:
         return TooLarge(
@@ -144,6 +163,11 @@ class TargetPrefix:
             f"{self.max_tokens + 1} tokens (limits.max_new_tokens) and a prefix must leave room "
             f"for one: send at most {self.max_tokens} tokens"
         )
+
+
+class ScoreTarget(TargetText):
+    """Targets to score (``Score``): at most ``max_new_tokens`` tokens, EOS not counted, as
+    the model's outputs; an empty one scores EOS alone."""
 
 
 class BadWords:

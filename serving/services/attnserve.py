@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+import numpy as np
 
 from serving.errors import InvalidArgument, TooLarge
 from serving.generation.options import DecodingOptions
 from serving.generation.top_tokens import TopTokens
 from serving.proto_gen.attnserve.v1 import attnserve_pb2 as pb
 from serving.proto_gen.attnserve.v1 import attnserve_pb2_grpc as pb_grpc
+from serving.scoring import ScoreItem
 from serving.served import (
     Generated,
     ServedClassifier,
@@ -114,6 +117,41 @@ def _prefixes(request: pb.TranslateRequest) -> list[str]:
             '("" for none), or none at all'
         )
     return prefixes
+
+
+def _score_model(request: pb.ScoreRequest) -> str:
+    """The model a Score request names; by default the translator, or for images the
+    captioner."""
+    return request.model or DEFAULT_MODELS["caption" if request.images else "translate"]
+
+
+def _score_sources(model: ServedGenerator, request: pb.ScoreRequest) -> list[np.ndarray]:
+    """A Score request's sources as the encoder takes them, one per target: token ids of its
+    texts (a translator) or pixels of its images (a captioner).
+
+    Raises:
+        InvalidArgument: no targets, texts and images mixed or of the wrong kind for the model,
+            or not one per target; a bad text or image.
+    """
+    if not request.targets:
+        raise InvalidArgument("targets is empty; send at least one target to score")
+    if request.texts and request.images:
+        raise InvalidArgument("send texts (a translator) or images (a captioner), not both")
+    if model.config.input == "text":
+        if request.images:
+            raise InvalidArgument(f"model {model.name!r} takes texts, not images: send texts")
+        given, what = request.texts, "texts"
+    else:
+        if request.texts:
+            raise InvalidArgument(f"model {model.name!r} takes images, not texts: send images")
+        given, what = request.images, "images"
+    if len(given) != len(request.targets):
+        raise InvalidArgument(
+            f"{len(given)} {what} for {len(request.targets)} targets: send one per target"
+        )
+    if model.config.input == "text":
+        return [model.source_ids(text, request.target_language) for text in request.texts]
+    return [model.image_pixels(image) for image in request.images]
 
 
 class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
@@ -263,6 +301,51 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
             timing=_timing(item),
             model=model.name,
             model_version=str(model.version),
+        )
+
+    # --- scoring --------------------------------------------------------------------------------
+    @unary("Score", _score_model, version_of=_version)
+    async def Score(self, request: pb.ScoreRequest, context: grpc.aio.ServicerContext):
+        model = self.repository.get(_score_model(request), request.model_version)
+        if not isinstance(model, ServedGenerator):
+            raise InvalidArgument(
+                f"model {model.name!r} does {model.config.task}: only translators and "
+                "captioners score targets; pick another model"
+            )
+        sources = _score_sources(model, request)
+        limit = model.config.limits.max_texts_per_request
+        if len(request.targets) > limit:
+            raise TooLarge(
+                f"{len(request.targets)} targets in one request; the limit is {limit}: split it"
+            )
+        items = [
+            ScoreItem(source, model.target_ids(target))
+            for source, target in zip(sources, request.targets, strict=True)
+        ]
+        started = time.monotonic()
+        scored = await model.score(items, deadline_of(context), request.priority)
+        slowest = max(scored, key=lambda s: s.queue_seconds + s.compute_seconds)
+        return pb.ScoreResponse(
+            scores=[
+                pb.TargetScore(
+                    token_ids=item.target.tolist(),
+                    token_log_probs=s.log_probs[:-1].tolist(),
+                    eos_log_prob=float(s.log_probs[-1]),
+                    score=s.score,
+                )
+                for item, s in zip(items, scored, strict=True)
+            ],
+            model=model.name,
+            model_version=str(model.version),
+            usage=pb.Usage(
+                input_tokens=sum(s.input_tokens for s in scored),
+                output_tokens=sum(len(item.target) for item in items),
+            ),
+            timing=pb.Timing(
+                queue_time_ms=slowest.queue_seconds * 1000,
+                compute_time_ms=slowest.compute_seconds * 1000,
+                total_time_ms=(time.monotonic() - started) * 1000,
+            ),
         )
 
     # --- classification -------------------------------------------------------------------------

@@ -271,6 +271,50 @@ class CaptionStreamResponse(_message.Message):
     top_log_probs: _containers.RepeatedCompositeFieldContainer[TopLogProbs]
     def __init__(self, delta: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., index: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., score: _Optional[float] = ..., top_log_probs: _Optional[_Iterable[_Union[TopLogProbs, _Mapping]]] = ...) -> None: ...
 
+class ScoreRequest(_message.Message):
+    __slots__ = ("model", "model_version", "texts", "target_language", "images", "targets", "priority")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    model_version: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    target_language: str
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    priority: int
+    def __init__(self, model: _Optional[str] = ..., model_version: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., target_language: _Optional[str] = ..., images: _Optional[_Iterable[bytes]] = ..., targets: _Optional[_Iterable[str]] = ..., priority: _Optional[int] = ...) -> None: ...
+
+class TargetScore(_message.Message):
+    __slots__ = ("token_ids", "token_log_probs", "eos_log_prob", "score")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    EOS_LOG_PROB_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_log_probs: _containers.RepeatedScalarFieldContainer[float]
+    eos_log_prob: float
+    score: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., token_log_probs: _Optional[_Iterable[float]] = ..., eos_log_prob: _Optional[float] = ..., score: _Optional[float] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("scores", "model", "model_version", "usage", "timing")
+    SCORES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    TIMING_FIELD_NUMBER: _ClassVar[int]
+    scores: _containers.RepeatedCompositeFieldContainer[TargetScore]
+    model: str
+    model_version: str
+    usage: Usage
+    timing: Timing
+    def __init__(self, scores: _Optional[_Iterable[_Union[TargetScore, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ...) -> None: ...
+
 class ClassifyRequest(_message.Message):
     __slots__ = ("image", "top_k", "model", "model_version", "priority")
     IMAGE_FIELD_NUMBER: _ClassVar[int]

@@ -56,6 +56,11 @@ class AttnServeStub:
                 request_serializer=attnserve_dot_v1_dot_attnserve__pb2.CaptionRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_attnserve__pb2.CaptionStreamResponse.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/attnserve.v1.AttnServe/Score',
+                request_serializer=attnserve_dot_v1_dot_attnserve__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attnserve__pb2.ScoreResponse.FromString,
+                _registered_method=True)
         self.Classify = channel.unary_unary(
                 '/attnserve.v1.AttnServe/Classify',
                 request_serializer=attnserve_dot_v1_dot_attnserve__pb2.ClassifyRequest.SerializeToString,
@@ -111,6 +116,17 @@ class AttnServeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """Scores given outputs (CTranslate2's score_batch): the log-probability the model gives each
+        token of each target after its source text or image, and EOS after the target, from one
+        decoder pass over the whole target (teacher forcing) instead of decoding. For reranking,
+        filtering parallel data, quality estimation, and matching captions to images. A request's
+        pairs are batched with other Score calls' pairs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Classify(self, request, context):
         """Classifies one image (the ViT digit classifier) and returns the top-k labels.
         """
@@ -154,6 +170,11 @@ def add_AttnServeServicer_to_server(servicer, server):
                     servicer.CaptionStream,
                     request_deserializer=attnserve_dot_v1_dot_attnserve__pb2.CaptionRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_attnserve__pb2.CaptionStreamResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=attnserve_dot_v1_dot_attnserve__pb2.ScoreRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attnserve__pb2.ScoreResponse.SerializeToString,
             ),
             'Classify': grpc.unary_unary_rpc_method_handler(
                     servicer.Classify,
@@ -281,6 +302,33 @@ class AttnServe:
             '/attnserve.v1.AttnServe/CaptionStream',
             attnserve_dot_v1_dot_attnserve__pb2.CaptionRequest.SerializeToString,
             attnserve_dot_v1_dot_attnserve__pb2.CaptionStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/attnserve.v1.AttnServe/Score',
+            attnserve_dot_v1_dot_attnserve__pb2.ScoreRequest.SerializeToString,
+            attnserve_dot_v1_dot_attnserve__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,
