@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from serving.cli_score import add_score_arguments, run_score
 from serving.errors import InvalidArgument
 from serving.security import AUTH_TOKENS_ENV, CLIENT_TOKEN_ENV
 from serving.server_config import MODEL_CONTROL_MODES, ServerConfig
@@ -32,6 +33,7 @@ def add_parsers(subparsers: Any) -> None:
         ("translate", "translate English text with a running server"),
         ("caption", "caption an image with a running server"),
         ("classify", "classify an image with a running server"),
+        ("score", "score given translations or captions with a running server"),
         ("stats", "a running server's statistics per model (KServe ModelStatistics)"),
         ("models", "a running server's models: list, load, reload or unload them"),
         ("trace", "a running server's request trace settings: read or change them"),
@@ -243,6 +245,10 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
         default="",
         help="a version the server serves of the model (default: the newest; see version_policy)",
     )
+    if name == "score":
+        add_score_arguments(command)
+        command.set_defaults(handler=run_client)
+        return
     if name == "translate":
         command.add_argument("text", nargs="+", help="one or more texts")
         command.add_argument("--to", required=True, help="target language: de, fr or es")
@@ -430,6 +436,9 @@ def run_client(args: argparse.Namespace) -> int:
                 rows = [statistics_row(s, now) for s in client.statistics(args.model)]
                 print("\n".join(render(rows, args.json)))
                 return 0
+            if args.command == "score":
+                image = _read(args.image) if args.image is not None else None
+                return run_score(client, args, routing, image)
             if args.command == "classify":
                 image = _read(args.image)
                 labels = client.classify(image, top_k=args.top_k, **routing)

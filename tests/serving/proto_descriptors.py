@@ -29,6 +29,7 @@ ATTNSERVE_METHODS = {
     "Caption": ("CaptionRequest", "CaptionResponse", False, False),
     "CaptionStream": ("CaptionRequest", "CaptionStreamResponse", False, True),
     "Classify": ("ClassifyRequest", "ClassifyResponse", False, False),
+    "Score": ("ScoreRequest", "ScoreResponse", False, False),
     "ListModels": ("ListModelsRequest", "ListModelsResponse", False, False),
     "GetModel": ("GetModelRequest", "ModelInfo", False, False),
 }
