@@ -17,7 +17,7 @@ def _closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.mark.parametrize("name", ["translate", "caption"])
+@pytest.mark.parametrize("name", ["translate", "caption", "score"])
 def test_no_server_names_the_address_and_how_to_start_one(
     name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -25,7 +25,9 @@ def test_no_server_names_the_address_and_how_to_start_one(
 
     image = tmp_path / "x.png"  # a real PNG: the image is read before the call
     Image.new("RGB", (8, 8)).save(image)
-    given = ["--to", "de", "five"] if name == "translate" else [str(image)]
+    given = {"translate": ["--to", "de", "five"], "score": ["--to", "de", "five", "fünf"]}.get(
+        name, [str(image)]
+    )
     address = f"127.0.0.1:{_closed_port()}"
     code = attnserve_cli.main([name, "--server", address, "--timeout", "5", *given])
     err = capsys.readouterr().err
