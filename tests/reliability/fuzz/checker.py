@@ -53,6 +53,7 @@ WEIGHTS = {  # share of the examples each test gets
     "raw_bytes": 16,
     "translate": 14,
     "images": 14,
+    "score": 8,
     "kserve_infer": 20,
     "kserve_tensors": 12,
     "kserve_stream": 6,

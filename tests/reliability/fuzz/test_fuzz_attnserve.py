@@ -1,6 +1,6 @@
 """Fuzzing attnserve.v1: Translate / TranslateStream with any texts, languages, models and
 options; Caption / CaptionStream / Classify with valid, crafted, truncated, corrupt and huge
-images."""
+images; Score with any texts, images, targets and models."""
 
 from __future__ import annotations
 
@@ -169,6 +169,57 @@ def test_fuzz_images(fuzz: Fuzz) -> None:
             scores = [label.score for label in result.labels]
             assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
             assert len(scores) == min(top_k or 5, 10)
+
+    run()
+    fuzz.assert_still_correct()
+
+
+# --- Score: any sources, targets and models -------------------------------------------------------
+def test_fuzz_score(fuzz: Fuzz) -> None:
+    @budget("score")
+    @given(
+        sources=st.lists(texts, max_size=4),
+        pictures=st.lists(images(), max_size=2),
+        targets=st.one_of(
+            st.lists(texts, max_size=4), st.lists(st.just("fünf"), min_size=33, max_size=40)
+        ),
+        language=languages,
+        model=st.one_of(
+            st.just(""), st.sampled_from(["translator", "captioner", "vit"]), model_names
+        ),
+        version=st.one_of(st.just(""), versions),
+    )
+    @example(["five"], [], ["x" * 4_000_000], "de", "", "")  # 4 MB of target
+    @example(["five"], [], ["fünf " * 200], "de", "", "")  # too many target tokens
+    @example(["five", "six"], [], ["fünf", ""], "de", "", "")  # an empty target: EOS alone
+    @example([], [IMAGE_POOL[0]], ["a circle"], "", "", "")
+    @example(["five"], [IMAGE_POOL[0]], ["fünf"], "de", "", "")  # both kinds of source
+    def run(
+        sources: list[str],
+        pictures: list[bytes],
+        targets: list[str],
+        language: str,
+        model: str,
+        version: str,
+    ) -> None:
+        request = pb.ScoreRequest(
+            texts=sources,
+            images=pictures,
+            targets=targets,
+            target_language=language,
+            model=model,
+            model_version=version,
+        )
+        code, details, result = fuzz.call(lambda t: fuzz.stub.Score(request, timeout=t))
+        what = (model, version, language, sources[:2], [p[:20] for p in pictures], targets[:2])
+        fuzz.check("score", code, details, what=what)
+        if code == grpc.StatusCode.OK:
+            assert len(result.scores) == len(targets)
+            for scored in result.scores:
+                values = [*scored.token_log_probs, scored.eos_log_prob]
+                assert len(scored.token_log_probs) == len(scored.token_ids)
+                assert all(math.isfinite(v) and v <= 0 for v in values)
+                assert math.isclose(scored.score, sum(values), rel_tol=1e-4, abs_tol=1e-3)
 
     run()
     fuzz.assert_still_correct()
