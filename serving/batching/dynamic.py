@@ -156,6 +156,7 @@ class DynamicBatcher(Generic[T, R]):
         metrics: ServingMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         version: str = "",
+        reports_depth: bool = True,
     ) -> None:
         """Create a stopped batcher; ``start()`` it inside the event loop that will submit.
 
@@ -171,6 +172,8 @@ class DynamicBatcher(Generic[T, R]):
             metrics: where to record queue time, batch size, compute time and queue depth.
             clock: monotonic seconds; injectable for tests.
             version: the model's version, the metrics ``version`` label.
+            reports_depth: sets the model's queue depth gauge (False: another queue of the
+                model, its in-flight engine's, sets it).
         """
         self.name = name
         self.stage = stage
@@ -180,6 +183,7 @@ class DynamicBatcher(Generic[T, R]):
         self._executor = executor
         self._owns_executor = executor is None
         self._instruments = _Instruments.bind(metrics, name, version, stage) if metrics else None
+        self._reports_depth = reports_depth
         self._clock = clock
         self._queue: deque[_Pending[T, R]] = deque()
         self._wakeup = asyncio.Event()
@@ -484,7 +488,7 @@ class DynamicBatcher(Generic[T, R]):
         pending.future.set_exception(error)
 
     def _queue_changed(self) -> None:
-        if self._instruments:
+        if self._instruments and self._reports_depth:
             self._instruments.queue_depth.set(len(self._queue))
 
     def _record_batch(self, size: int, seconds: float) -> None:

@@ -311,6 +311,7 @@ def local_scorer(
         metrics=metrics,
         stage="scoring",
         version=version_dir.name,
+        reports_depth=False,  # attnserve_queue_depth is the engine's waiting generations
     )
 
 
