@@ -312,12 +312,12 @@ class AttnServeServicer(Servicer, pb_grpc.AttnServeServicer):
                 f"model {model.name!r} does {model.config.task}: only translators and "
                 "captioners score targets; pick another model"
             )
-        sources = _score_sources(model, request)
         limit = model.config.limits.max_texts_per_request
-        if len(request.targets) > limit:
+        if len(request.targets) > limit:  # before any text is tokenized or image decoded
             raise TooLarge(
                 f"{len(request.targets)} targets in one request; the limit is {limit}: split it"
             )
+        sources = _score_sources(model, request)
         items = [
             ScoreItem(source, model.target_ids(target))
             for source, target in zip(sources, request.targets, strict=True)
