@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from serving.engine.requests import GenerationRequest
+from serving.errors import InvalidArgument
+from serving.generation.options import DecodingOptions
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import (
     Call,
@@ -22,8 +24,10 @@ from serving.kserve.request import (
     word_lists,
 )
 from serving.kserve.shared_memory import BYTE_SIZE, OFFSET, REGION, Slice
+from serving.kserve.signature import PREFIX_INPUT, SCORE_INPUT, WORD_INPUTS
 from serving.kserve.tensors import BYTES, output_tensor
 from serving.proto_gen.inference import grpc_service_pb2 as pb
+from serving.scoring import ScoreItem
 from serving.served import Generated, LabelScore, ServedClassifier, ServedGenerator
 from serving.served.generator import generate_all
 
@@ -43,9 +47,15 @@ ALTERNATIVE_SCORES_OUTPUT = "alternative_scores"
 # [N, T, k] (NaN there)
 TOP_IDS_OUTPUT = "top_token_ids"
 TOP_LOG_PROBS_OUTPUT = "top_log_probs"
+# a scored request (input ``target``): each target's EOS log-probability after it, FP32 [N],
+# and its score (its tokens' log-probabilities and EOS's summed), FP32 [N]
+EOS_LOG_PROB_OUTPUT = "eos_log_prob"
+SCORE_OUTPUT = "score"
 # outputs of no declared signature, added after the requested ones when the request asks for them
 EXTRA_OUTPUTS = (
     LOG_PROBS_OUTPUT,
+    EOS_LOG_PROB_OUTPUT,
+    SCORE_OUTPUT,
     ALTERNATIVES_OUTPUT,
     ALTERNATIVE_SCORES_OUTPUT,
     TOP_IDS_OUTPUT,
@@ -124,6 +134,39 @@ async def generate(call: Call, model: ServedGenerator) -> Outputs:
     if jobs and jobs[0].options.top_log_probs:
         outputs.update(_top_log_probs(results, jobs[0].options.top_log_probs))
     return outputs
+
+
+async def score(call: Call, model: ServedGenerator) -> Outputs:
+    """Score every element's ``target`` after its source (``ServedGenerator.score``): the text
+    output holds the targets, ``token_ids`` their tokens, then each token's log-probability,
+    EOS's and the score."""
+    decoded = [PREFIX_INPUT[model.config.task], *WORD_INPUTS]
+    if decoding_options(call.request.parameters) != DecodingOptions() or any(
+        name in call.inputs for name in decoded
+    ):
+        raise InvalidArgument(
+            f"input {SCORE_INPUT!r} scores given targets, nothing is decoded: send no decoding "
+            f"parameters and no {', '.join(repr(n) for n in decoded)} with it"
+        )
+    targets = utf8(call.inputs[SCORE_INPUT])
+    if model.config.task == "translation":
+        texts = utf8(call.inputs["text"])
+        languages = target_languages(call, model.config.languages)
+        sources = each(call, lambda i: model.source_ids(texts[i], languages[i]))
+    else:
+        sources = element_pixels(call)
+    items = each(call, lambda i: ScoreItem(sources[i], model.target_ids(targets[i])))
+    scored = await model.score(items, call.timeout_s, call.priority)
+    return {
+        TEXT_OUTPUT[model.config.task]: (BYTES, [t.encode() for t in targets]),
+        "token_ids": ("INT32", _token_matrix([item.target.tolist() for item in items])),
+        LOG_PROBS_OUTPUT: (
+            "FP32",
+            _padded([list(s.log_probs[:-1]) for s in scored], 0.0, np.float32),
+        ),
+        EOS_LOG_PROB_OUTPUT: ("FP32", np.array([s.log_probs[-1] for s in scored], np.float32)),
+        SCORE_OUTPUT: ("FP32", np.array([s.score for s in scored], np.float32)),
+    }
 
 
 def _top_log_probs(results: list[Generated], count: int) -> Outputs:
@@ -233,4 +276,6 @@ async def infer(call: Call) -> pb.ModelInferResponse:
     model = call.model
     if isinstance(model, ServedClassifier):
         return build_response(call, await classify(call, model))
+    if SCORE_INPUT in call.inputs:
+        return build_response(call, await score(call, model))
     return build_response(call, await generate(call, model))

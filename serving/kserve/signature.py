@@ -25,6 +25,9 @@ PREFIX_INPUT = {"translation": "target_prefix", "captioning": "prefix"}
 # a generator's optional lists of strings for the whole request (the attnserve API's
 # DecodingOptions fields): BYTES [K], not one per item
 WORD_INPUTS = ("bad_words", "stop")
+# a generator's targets to score (``ServedGenerator.score``): with it the request is scored,
+# not decoded; one string per element, accepted, not declared (as the prefix)
+SCORE_INPUT = "target"
 
 
 @dataclass(frozen=True)
@@ -155,14 +158,14 @@ def signature(config: ModelConfig) -> Signature:
                 TensorSpec("target_language", BYTES, ONE_PER_ITEM, optional=True),
             ),
             outputs=(TensorSpec("translation", BYTES), token_ids),
-            alternatives=(_prefix(config), *_word_lists()),
+            alternatives=(_prefix(config), _target(), *_word_lists()),
         )
     size = config.image.size if config.image is not None else -1
     decoded, encoded = _image_forms(size, optional=False)
     return Signature(
         inputs=(decoded,),
         outputs=(TensorSpec("caption", BYTES), token_ids),
-        alternatives=(encoded, _prefix(config), *_word_lists()),
+        alternatives=(encoded, _prefix(config), _target(), *_word_lists()),
     )
 
 
@@ -170,6 +173,11 @@ def _prefix(config: ModelConfig) -> TensorSpec:
     """A generator's target prefix input: accepted, not declared (generic clients such as
     perf_analyzer fill every declared input with generated strings)."""
     return TensorSpec(PREFIX_INPUT[config.task], BYTES, ONE_PER_ITEM, optional=True)
+
+
+def _target() -> TensorSpec:
+    """A generator's target to score (``SCORE_INPUT``): accepted, not declared."""
+    return TensorSpec(SCORE_INPUT, BYTES, ONE_PER_ITEM, optional=True)
 
 
 def _word_lists() -> tuple[TensorSpec, ...]:

@@ -14,6 +14,7 @@ from serving.errors import InvalidArgument
 from serving.kserve.execute import TEXT_OUTPUT, build_response, generation_jobs, infer, parameter
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import Call
+from serving.kserve.signature import SCORE_INPUT
 from serving.kserve.tensors import BYTES, encode_bytes
 from serving.proto_gen.inference import grpc_service_pb2 as pb
 from serving.served import ServedGenerator, StreamDelta
@@ -27,9 +28,11 @@ def _final(final: bool) -> dict[str, bool | int | str]:
 
 def _whole(call: Call) -> bool:
     """Beam search settles its text only at the end, and token log-probabilities and
-    alternatives come with the whole output: such requests are not streamed."""
+    alternatives come with the whole output: such requests are not streamed; nor is a scored
+    one (nothing is decoded)."""
     options = decoding_options(call.request.parameters)
-    return options.beam_size > 1 or options.return_log_probs or bool(options.num_alternatives)
+    whole = options.beam_size > 1 or options.return_log_probs or bool(options.num_alternatives)
+    return whole or SCORE_INPUT in call.inputs  # a scored request: one response
 
 
 async def stream_responses(call: Call) -> AsyncGenerator[pb.ModelInferResponse, None]:
