@@ -87,7 +87,7 @@ class EngineServer:
         self._sinks: dict[int, FrontendSink] = {}
         self._connections = itertools.count(1)
         self._generations: dict[Key, GenerationRequest] = {}
-        self._classifications: dict[Key, Ticket[np.ndarray]] = {}
+        self._batched: dict[Key, Ticket[np.ndarray]] = {}
         self._outgoing: dict[int, _Outgoing] = defaultdict(_Outgoing)
         self._flush_scheduled = False
         self._arenas: dict[int, ArenaReader] = {}
@@ -105,7 +105,7 @@ class EngineServer:
 
     async def close(self) -> None:
         """Cancel what still runs and close the socket and the connections."""
-        for key in [*self._generations, *self._classifications]:
+        for key in [*self._generations, *self._batched]:
             self._cancel(key)
         for task in self._controls:
             task.cancel()
@@ -171,7 +171,7 @@ class EngineServer:
         self._sinks.pop(frontend, None)
         if (arena := self._arenas.pop(frontend, None)) is not None:
             arena.close()
-        for key in [k for k in (*self._generations, *self._classifications) if k[0] == frontend]:
+        for key in [k for k in (*self._generations, *self._batched) if k[0] == frontend]:
             self._cancel(key)
         for seq in list(self._applying):  # a model change waits for it no longer
             self._applied(frontend, seq, None)
@@ -257,8 +257,8 @@ class EngineServer:
         request = self._generations.pop(key, None)
         if request is not None:
             request.cancel()  # the decode loop frees its rows before the next step
-        elif (ticket := self._classifications.pop(key, None)) is not None:
-            ticket.withdraw()  # a classification still waiting in the batcher
+        elif (ticket := self._batched.pop(key, None)) is not None:
+            ticket.withdraw()  # an image or pair still waiting in its batcher
 
     def _finish_at(self, key: Key, keep: Any) -> None:
         """A stop string ended the generation after ``keep`` tokens: the engine finishes it
@@ -326,7 +326,7 @@ class EngineServer:
         except Exception as err:
             self._post(key, event_item(key[1], ErrorEvent(_serving_error(err))))
             return
-        self._classifications[key] = ticket
+        self._batched[key] = ticket
         ticket.future.add_done_callback(functools.partial(self._classified, key, ticket, times))
 
     def _classified(
@@ -337,7 +337,7 @@ class EngineServer:
         future: asyncio.Future,
     ) -> None:
         ticket.done()
-        self._classifications.pop(key, None)
+        self._batched.pop(key, None)
         if future.cancelled():  # the frontend cancelled it: nobody waits for an answer
             return
         error = future.exception()

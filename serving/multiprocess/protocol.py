@@ -19,6 +19,10 @@ Frontend -> engine (each frontend on a connection of its own):
 - ``classify``: ``{"t": "classify", "id", "model", "version", "timeout", "priority", "times"?,
   "arrays": [spec]}`` + the pixels (``priority``: the client's, which the engine's batcher
   resolves; ``times``: a traced request's, whose ``result`` then carries its batch times);
+- ``score``: ``{"t": "score", "id", "model", "version", "timeout", "priority", "times"?,
+  "arrays": [spec, spec]}`` + the source (token ids, or an image's pixels) and the target's
+  token ids: one ``ScoreItem`` for the generator's scoring batcher, answered as ``classify``
+  is (its ``result`` array: ``serving.scoring.result_array``);
 - ``cancel``: ``{"t": "cancel", "id"}``: the client went away; free the request's rows. With
   ``"keep": n``: a stop string ended the output after n tokens; the engine finishes it there
   (``GenerationRequest.finish_at``) and its finish still comes;
@@ -41,7 +45,8 @@ has read, whose arrays in shared memory it has copied out):
   log_prob], with ``top_log_probs`` [token_id, index, log_prob, [[ids], [log-probs]]]),
   ``finish`` (FinishEvent fields),
   ``error`` ([status name, message]), ``result`` (index of the array frame holding a
-  classifier's probabilities; a traced one's ``[index, enqueued, batch start, batch end]``),
+  classifier's probabilities or a scored pair's result; a traced one's ``[index, enqueued,
+  batch start, batch end]``),
   ``done`` (None: a load, unload or settings change succeeded), and, with id 0, ``model``
   (``{"op": "load" | "unload" | "trace" | "log", "model", "seq", "settings"?}``: a change
   every frontend applies to its own models, tracer or logging, then reports as ``applied``).

@@ -79,10 +79,10 @@ def test_a_closed_frontend_connection_cancels_its_requests(
         requests = list(server._generations.values())
         client._connection.close()  # the frontend is gone without a word
         for _ in range(200):
-            if not server._generations and not server._classifications:
+            if not server._generations and not server._batched:
                 break
             await asyncio.sleep(0.05)
-        left = len(server._generations) + len(server._classifications)
+        left = len(server._generations) + len(server._batched)
         await server.close()
         await client.close()
         await repository.stop(5)
@@ -122,10 +122,10 @@ def test_a_closed_frontend_connection_withdraws_its_queued_classifications(
         queued = batcher.queue_depth
         client._connection.close()  # the frontend is gone without a word
         for _ in range(200):
-            if not server._classifications and batcher.queue_depth == 0:
+            if not server._batched and batcher.queue_depth == 0:
                 break
             await asyncio.sleep(0.01)
-        left = len(server._classifications) + batcher.queue_depth
+        left = len(server._batched) + batcher.queue_depth
         release.set()
         await asyncio.gather(*calls, return_exceptions=True)
         await batcher.stop()
