@@ -165,14 +165,20 @@ def check_dashboard_queries(base: str) -> None:
             expr = target["expr"].replace("$model", ".*").replace("$__rate_interval", "30s")
             by_title.setdefault(panel["title"], []).extend(query(base, expr))
 
-    def translator(title: str) -> list[float]:
+    def translator(title: str, stage: str | None = None) -> list[float]:
         rows = by_title[title]
-        return [float(r["value"][1]) for r in rows if r["metric"]["model"] == "translator"]
+        return [
+            float(r["value"][1])
+            for r in rows
+            if r["metric"]["model"] == "translator" and r["metric"].get("stage", stage) == stage
+        ]
 
     mean = translator("Mean latency, succeeded / failed")  # no call failed: the OK series only
     assert len(mean) == 1 and 0 < mean[0] < 30
-    per_request = translator("Compute time per request by stage")  # stage generation
+    per_request = translator("Compute time per request by stage", "generation")
     assert len(per_request) == 1 and 0 < per_request[0] < mean[0]
+    # its Score passes (stage scoring, none here) are their own series
+    assert translator("Compute time per request by stage", "scoring") in ([], [0.0])
     (since,) = translator("Since the last inference request")
     assert 0 <= since < 120
 

@@ -151,3 +151,23 @@ def test_a_captioners_images_are_scored(stubs: tuple[Any, Any]) -> None:
     outputs = decode_outputs(kserve.ModelInfer(request, timeout=30))
     np.testing.assert_allclose(outputs["score"], [w.score for w in expected], atol=1e-6)
     assert [t.decode() for t in outputs["caption"].reshape(-1)] == captions
+
+
+def test_the_generate_extension_scores_a_target(
+    server: ServerThread, stubs: tuple[Any, Any]
+) -> None:
+    body = {"text": TEXTS[1], "target": TARGETS[1]}
+    request = urllib.request.Request(
+        f"{server.http_url}/v2/models/marian/generate", data=json.dumps(body).encode()
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        answer = json.load(reply)
+    (expected,) = (
+        stubs[0]
+        .Score(pb.ScoreRequest(texts=[TEXTS[1]], targets=[TARGETS[1]], model="marian"), timeout=30)
+        .scores
+    )
+    assert answer["translation"] == TARGETS[1]
+    assert answer["token_ids"] == list(expected.token_ids)
+    assert answer["score"] == pytest.approx(expected.score, abs=1e-6)
+    assert answer["token_log_probs"] == pytest.approx(list(expected.token_log_probs), abs=1e-6)

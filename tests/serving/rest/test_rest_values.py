@@ -1239,9 +1239,9 @@ def test_generate_request_refuses_a_non_object(document: Any) -> None:
 @pytest.mark.parametrize(
     ("model", "inputs"),
     [
-        ("translator", "bad_words, stop, target_language, target_prefix, text"),
+        ("translator", "bad_words, stop, target, target_language, target_prefix, text"),
         ("vit", "image, pixel_values"),
-        ("captioner", "bad_words, image, prefix, stop"),
+        ("captioner", "bad_words, image, prefix, stop, target"),
     ],
 )
 def test_generate_request_refuses_a_body_naming_no_input(model: str, inputs: str) -> None:
