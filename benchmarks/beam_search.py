@@ -165,8 +165,7 @@ def measure(
     """The points per (precision, batch), every runner decoding with its factory's
     ``controls`` besides ``beam_size``; runners that cannot run here land in ``skipped``."""
     from benchmarks.marian import BASE, TINY, source_ids
-    from benchmarks.peers import Unavailable
-    from benchmarks.runners import IsolatedRunner
+    from benchmarks.runners import start_isolated
 
     shape = TINY if tiny else BASE
     context = multiprocessing.get_context("spawn")
@@ -174,15 +173,7 @@ def measure(
     specs = runner_specs(
         precisions, beam_size, new_tokens, max(batches), tiny, device, skipped, controls
     )
-    started = [IsolatedRunner(spec, context) for spec in specs]
-    runners = []
-    for runner in started:
-        try:
-            runners.append(runner.wait_ready())
-            log(f"loaded {runner.name}")
-        except Unavailable as err:
-            skipped.append({"engine": runner.spec.name, "reason": str(err)})
-            log(f"skipping {runner.spec.name}: {err}")
+    runners = start_isolated(specs, context, skipped)
     rng = np.random.default_rng(0)
     points = []
     try:

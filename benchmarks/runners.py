@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,10 +241,13 @@ def hf_specs(
 # --- a runner in its own process ----------------------------------------------------------------
 
 
-def _worker(conn: Any, spec: RunnerSpec) -> None:
-    """A worker process: build one runner, then time ``run`` calls on request until "close"."""
+def _worker(
+    conn: Any, spec: RunnerSpec, make: Callable[[RunnerSpec], Runner] = make_runner
+) -> None:
+    """A worker process: build one runner (``make``: this module's runners, or another
+    module's builder), then time ``run`` calls on request until "close"."""
     try:
-        runner = make_runner(spec)
+        runner = make(spec)
     except Unavailable as err:
         conn.send(("unavailable", str(err)))
         return
@@ -267,10 +271,13 @@ def _worker(conn: Any, spec: RunnerSpec) -> None:
 class IsolatedRunner(Runner):
     """A runner living in its own process (only its engine loaded there); timing is done there."""
 
-    def __init__(self, spec: RunnerSpec, context: Any) -> None:
-        """Start the worker; ``wait_ready`` completes the construction."""
+    def __init__(
+        self, spec: RunnerSpec, context: Any, make: Callable[[RunnerSpec], Runner] = make_runner
+    ) -> None:
+        """Start the worker (``make``: what builds its runner there, a module-level function);
+        ``wait_ready`` completes the construction."""
         parent, child = context.Pipe()
-        self.process = context.Process(target=_worker, args=(child, spec), daemon=True)
+        self.process = context.Process(target=_worker, args=(child, spec, make), daemon=True)
         self.process.start()
         child.close()
         self.conn = parent
@@ -306,6 +313,26 @@ class IsolatedRunner(Runner):
         self.process.join(30)
         if self.process.is_alive():
             self.process.kill()
+
+
+def start_isolated(
+    specs: list[RunnerSpec],
+    context: Any,
+    skipped: list[dict[str, str]],
+    make: Callable[[RunnerSpec], Runner] = make_runner,
+) -> list[IsolatedRunner]:
+    """Each spec's runner in its own process, once all have loaded; one that cannot run here
+    goes into ``skipped`` with the reason."""
+    started = [IsolatedRunner(spec, context, make) for spec in specs]
+    ready: list[IsolatedRunner] = []
+    for runner in started:
+        try:
+            ready.append(runner.wait_ready())
+            log(f"loaded {runner.name}")
+        except Unavailable as err:
+            skipped.append({"engine": runner.spec.name, "reason": str(err)})
+            log(f"skipping {runner.spec.name}: {err}")
+    return ready
 
 
 def build_runners(

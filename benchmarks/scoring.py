@@ -63,7 +63,7 @@ from benchmarks.beam_search import SOURCE_TOKENS
 from benchmarks.marian import MarianShape
 from benchmarks.output import DEFAULT_RESULTS, log, write_probe
 from benchmarks.peers import CTranslate2Runner, HFGenerateRunner, Runner, Unavailable
-from benchmarks.runners import IsolatedRunner, RunnerSpec
+from benchmarks.runners import RunnerSpec, start_isolated
 
 HF_NAME = "hf-forward"
 # the largest absolute difference of a log-probability allowed between attnserve and a peer of
@@ -207,26 +207,6 @@ def make_scorer(spec: RunnerSpec) -> Runner:
     return SCORERS[spec.factory](**spec.kwargs)
 
 
-def _worker(conn: Any, spec: RunnerSpec) -> None:
-    """A scorer's worker process: ``benchmarks.runners``' worker loop, building a scorer."""
-    from benchmarks import runners
-
-    runners.make_runner = make_scorer  # this process builds this one scorer only
-    runners._worker(conn, spec)
-
-
-class IsolatedScorer(IsolatedRunner):
-    """A scorer in its own process (``IsolatedRunner`` over this module's worker)."""
-
-    def __init__(self, spec: RunnerSpec, context: Any) -> None:
-        parent, child = context.Pipe()
-        self.process = context.Process(target=_worker, args=(child, spec), daemon=True)
-        self.process.start()
-        child.close()
-        self.conn = parent
-        self.spec = spec
-
-
 def scorer_specs(
     precisions: tuple[str, ...],
     target_tokens: int,
@@ -361,15 +341,7 @@ def measure(
     )
     context = multiprocessing.get_context("spawn")
     specs = scorer_specs(precisions, target_tokens, tiny, skipped)
-    started = [IsolatedScorer(spec, context) for spec in specs]
-    runners: list[IsolatedRunner] = []
-    for scorer in started:
-        try:
-            runners.append(scorer.wait_ready())
-            log(f"loaded {scorer.name}")
-        except Unavailable as err:
-            skipped.append({"engine": scorer.spec.name, "reason": str(err)})
-            log(f"skipping {scorer.spec.name}: {err}")
+    runners = start_isolated(specs, context, skipped, make_scorer)
     if reverse:
         runners.reverse()
     sources_rng, targets_rng = np.random.default_rng(0), np.random.default_rng(TARGET_SEED)

@@ -28,6 +28,7 @@ from export.serving_runner import (
 from models.data import digits, shapes
 from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED, text_metrics, translation_report
+from serving.seq2seq import padded_sources
 
 EVAL_BATCH = 128  # held-out examples decoded together
 Decode = Callable[[Encoded], list[list[int]]]  # greedy tokens of an encoded batch
@@ -72,16 +73,6 @@ def evaluate_repository(
     return {**result, **_captioner_metrics(runner, decode, tokenizer, config, examples or 1000)}
 
 
-def _pad(ids: list[list[int]], pad: int) -> tuple[np.ndarray, np.ndarray]:
-    length = max(len(s) for s in ids)
-    out = np.full((len(ids), length), pad, dtype=np.int64)
-    mask = np.zeros((len(ids), length), dtype=np.int64)
-    for row, seq in enumerate(ids):
-        out[row, : len(seq)] = seq
-        mask[row, : len(seq)] = 1
-    return out, mask
-
-
 def _translator_metrics(
     runner: Seq2SeqRunner,
     decode: Decode,
@@ -93,9 +84,8 @@ def _translator_metrics(
     hypotheses: list[str] = []
     for first in range(0, len(pairs), batch):
         chunk = pairs[first : first + batch]
-        ids, mask = _pad(
-            tokenizer.encode_batch([p.tagged_source() for p in chunk]), runner.spec.pad_id
-        )
+        sources = tokenizer.encode_batch([p.tagged_source() for p in chunk])
+        ids, mask = padded_sources([np.asarray(s) for s in sources], runner.spec.pad_id)
         encoded = runner.encode({"input_ids": ids, "attention_mask": mask})
         hypotheses += tokenizer.decode_batch(decode(encoded))
     return translation_report(pairs, hypotheses)

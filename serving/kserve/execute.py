@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -11,6 +9,7 @@ import numpy as np
 
 from serving.engine.requests import GenerationRequest
 from serving.errors import InvalidArgument
+from serving.gather import gather_or_cancel
 from serving.generation.options import DecodingOptions
 from serving.kserve.parameters import decoding_options
 from serving.kserve.request import (
@@ -93,17 +92,6 @@ def generation_jobs(call: Call, model: ServedGenerator) -> list[GenerationReques
             prefix=model.prefix_ids(starts[i]),
         ),
     )
-
-
-async def _gather(awaitables: Iterable[Awaitable[T]]) -> list[T]:
-    """Await all concurrently; on the first failure (or cancellation) cancel the rest."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
 
 
 def _token_matrix(sequences: list[list[int]]) -> np.ndarray:
@@ -196,7 +184,7 @@ def _alternatives(results: list[Generated]) -> Outputs:
 async def classify(call: Call, model: ServedClassifier) -> Outputs:
     """Every element through the model's dynamic batcher; full probabilities and top-1 label."""
     pixels = element_pixels(call)
-    scores: list[list[LabelScore]] = await _gather(
+    scores: list[list[LabelScore]] = await gather_or_cancel(
         model.classify(p, ALL_CLASSES, timeout_s=call.timeout_s, priority=call.priority)
         for p in pixels
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from serving import tracing
 from serving.batching.handle import Batcher
+from serving.gather import gather_or_cancel
 from serving.scoring import ScoreItem, from_result
 
 
@@ -49,10 +49,4 @@ async def score_all(
             trace.span(*times[:3])
         return Scored(positions, log_probs, times[1] - times[0], times[2] - times[1])
 
-    tasks = [asyncio.ensure_future(one(item)) for item in items]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
+    return await gather_or_cancel(one(item) for item in items)
