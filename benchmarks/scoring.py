@@ -134,7 +134,12 @@ class AttnServeScorer(Runner):
 
         s = self.source_tokens
         items = [ScoreItem(row[:s], row[s:]) for row in ids]
-        return np.stack([from_result(result)[1] for result in self.scorer.score_batch(items)])
+        rows = []
+        for result in self.scorer.score_batch(items):
+            if isinstance(result, Exception):  # the export has no decoder.onnx
+                raise result
+            rows.append(from_result(result)[1])
+        return np.stack(rows)
 
     def close(self) -> None:
         del self.scorer

@@ -30,6 +30,7 @@ import numpy as np
 from contract.graphs import DECODER, DECODER_FILE
 from contract.model_config import DecoderSpec, OnnxRuntimeOptions
 from serving.backends.base import Backend, BackendError
+from serving.errors import FailedPrecondition
 from serving.seq2seq import Seq2SeqRunner, padded_sources
 
 log = logging.getLogger(__name__)
@@ -117,13 +118,18 @@ class Scorer:
         self.encoder = Seq2SeqRunner(graphs.backend, spec)
         self._suppress = np.asarray(sorted(set(spec.suppress_ids)), dtype=np.int64)
 
-    def score_batch(self, items: Sequence[ScoreItem]) -> list[np.ndarray]:
+    def score_batch(self, items: Sequence[ScoreItem]) -> list[np.ndarray | FailedPrecondition]:
         """Each item's result (``result_array``): its encoder positions, then its target tokens'
-        log-probabilities and EOS's.
+        log-probabilities and EOS's; FailedPrecondition for each where the version has no
+        multi-token decoder to load (``decoder.onnx`` missing or unloadable).
 
         Raises:
-            BackendError: a graph failed to load or run.
+            BackendError: a graph failed to run.
         """
+        try:
+            decoder = self.graphs.decoder()
+        except BackendError as err:
+            return [FailedPrecondition(f"this model version cannot score: {err}")] * len(items)
         sources = [item.source for item in items]
         if sources[0].dtype.kind in "iu":
             ids, mask = padded_sources(sources, self.spec.pad_id)
@@ -132,7 +138,7 @@ class Scorer:
             pixels = np.stack(sources).astype(self.encoder.kv_dtype, copy=False)
             encoded = self.encoder.encode({"pixel_values": pixels})
         inputs, mask, chosen = self._decoder_inputs([item.target for item in items])
-        runner = Seq2SeqRunner(self.graphs.decoder(), self.spec)
+        runner = Seq2SeqRunner(decoder, self.spec)
         steps = np.broadcast_to(np.arange(inputs.shape[1], dtype=np.int64), inputs.shape)
         logits, _ = runner.step(
             inputs, np.ascontiguousarray(steps), mask, runner.empty_past(len(items)), encoded

@@ -713,7 +713,8 @@ def test_without_decoder_onnx_scoring_fails_and_translation_goes_on(
     hf_repository: Path, tmp_path: Path, marian: dict[str, Any]
 ) -> None:
     """A server decoding in place loads decoder.onnx on the first Score: where the export's
-    folder lacks it, Score fails naming the file (every time), and Translate is unaffected."""
+    folder lacks it, Score fails with FAILED_PRECONDITION naming the file (every time), and
+    Translate is unaffected."""
     shutil.copytree(hf_repository / "marian", tmp_path / "marian")
     (tmp_path / "marian" / "1" / "decoder.onnx").unlink()
     text = marian["texts"][0]
@@ -725,7 +726,7 @@ def test_without_decoder_onnx_scoring_fails_and_translation_goes_on(
         for _ in range(2):
             with pytest.raises(grpc.RpcError) as failed:
                 score(other, [(text, "drei")])
-            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "decoder.onnx" in (failed.value.details() or "")
         request = pb.TranslateRequest(model="marian", texts=[text], target_language="de")
         assert other.Translate(request, timeout=30).translations[0].token_ids

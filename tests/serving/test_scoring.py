@@ -29,6 +29,7 @@ from contract.repository import read_model_config, resolve_version
 from serving.backends.base import Backend, BackendError
 from serving.backends.onnxruntime import OnnxRuntimeBackend
 from serving.engine.requests import GenerationRequest
+from serving.errors import FailedPrecondition
 from serving.generation.options import DecodingOptions
 from serving.metrics import ServingMetrics
 from serving.multiprocess.protocol import decode, encode
@@ -330,8 +331,9 @@ def test_a_version_without_decoder_onnx_fails_naming_the_file(
             graphs.decoder()
         assert str(version_dir / DECODER_FILE) in str(missing.value)
     scorer = Scorer(graphs, marian.config.decoder)
-    with pytest.raises(BackendError, match=r"decoder\.onnx"):
-        scorer.score_batch([item([5, EOS], [7])])
+    refused = scorer.score_batch([item([5, EOS], [7]), item([6, EOS], [])])
+    assert [type(r) for r in refused] == [FailedPrecondition, FailedPrecondition]
+    assert all("decoder.onnx" in str(r) for r in refused)
 
 
 # --- the scoring batcher beside the engine: the model's queue gauge ------------------------------
