@@ -24,11 +24,11 @@ from export.serving_runner import (
     greedy,
     held_out_source_capacity,
     make_backend,
+    padded_sources,
 )
 from models.data import digits, shapes
 from models.data.translation import generate_pairs
 from models.evaluate import EVAL_SEED, text_metrics, translation_report
-from serving.seq2seq import padded_sources
 
 EVAL_BATCH = 128  # held-out examples decoded together
 Decode = Callable[[Encoded], list[list[int]]]  # greedy tokens of an encoded batch

@@ -18,7 +18,7 @@ from serving.engine.decode_cache import DecodeCache
 from serving.engine.greedy import greedy
 from serving.engine.padded_cache import PaddedKVCache
 from serving.repository import make_backend
-from serving.seq2seq import Encoded, Seq2SeqRunner
+from serving.seq2seq import Encoded, Seq2SeqRunner, padded_sources
 from serving.served.generator import inplace_cache
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "greedy",
     "held_out_source_capacity",
     "make_backend",
+    "padded_sources",
 ]
 
 
