@@ -309,6 +309,13 @@ def _add_client_parser(subparsers: Any, name: str, helptext: str) -> None:
             help="also print the output's score and each token's log-probability "
             "(not with --stream; with beams the score is the beam score)",
         )
+        command.add_argument(
+            "--top-log-probs",
+            type=int,
+            metavar="K",
+            help="with --log-probs: also print each token's K most likely tokens (1..20), a "
+            "line per token: top INDEX: ID=LOGPROB ...",
+        )
     command.set_defaults(handler=run_client)
 
 
@@ -407,6 +414,7 @@ def run_client(args: argparse.Namespace) -> int:
             "repetition_penalty",
             "no_repeat_ngram_size",
             "return_log_probs",
+            "top_log_probs",
             "bad_words",
             "stop",
         )
@@ -482,12 +490,15 @@ def run_client(args: argparse.Namespace) -> int:
 
 def _print_result(result: Any, log_probs: bool) -> None:
     """A generated text; with ``log_probs`` also its score and its tokens' log-probabilities
-    (a tab-separated line: score, then one value per token); then its alternatives, each on a
-    line that starts with a tab."""
+    (a tab-separated line: score, then one value per token) and, where asked for, each token's
+    most likely tokens (a line per token); then its alternatives, each on a line that starts
+    with a tab."""
     print(result.text)
     if log_probs:
         values = [f"{result.score:.4f}", *(f"{p:.4f}" for p in result.token_log_probs)]
         print("\t".join(values))
+    for index, top in enumerate(result.top_log_probs):
+        print(f"top {index}: " + " ".join(f"{token}={value:.4f}" for token, value in top))
     for text in result.alternatives:
         print(f"\t{text}")
 

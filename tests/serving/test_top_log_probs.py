@@ -281,3 +281,27 @@ def test_without_the_option_the_answer_has_no_tops(stub: Any, marian: dict[str, 
     topped = translate(stub, texts, options())
     assert [list(o.token_ids) for o in scored] == [list(o.token_ids) for o in topped]
     assert all(not o.top_log_probs for o in scored)
+
+
+def test_the_cli_prints_a_line_of_tops_per_token(
+    hf_server: ServerThread,
+    stub: Any,
+    marian: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import attnserve_cli
+
+    text = marian["texts"][2]
+    (output,) = translate(stub, [text], options(3))
+    args = ["translate", text, "--to", "de", "--model", "marian", "--server", hf_server.address]
+    assert attnserve_cli.main([*args, "--log-probs", "--top-log-probs", "3"]) == 0
+    printed, _scores, *lines = capsys.readouterr().out.rstrip("\n").split("\n")
+    assert printed == output.text and len(lines) == len(output.token_ids)
+    for index, (line, (ids, values)) in enumerate(zip(lines, tops(output), strict=True)):
+        head, pairs = line.split(": ", 1)
+        assert head == f"top {index}"
+        parsed = [pair.split("=") for pair in pairs.split(" ")]
+        assert [int(token) for token, _ in parsed] == ids
+        assert [float(v) for _, v in parsed] == pytest.approx(values, abs=1e-4)
+    assert attnserve_cli.main([*args, "--top-log-probs", "3"]) == 2  # without --log-probs
+    assert "return_log_probs" in capsys.readouterr().err
