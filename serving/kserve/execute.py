@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +30,6 @@ from serving.scoring import ScoreItem
 from serving.served import Generated, LabelScore, ServedClassifier, ServedGenerator
 from serving.served.generator import generate_all
 
-T = TypeVar("T")
 ALL_CLASSES = 1 << 30  # top_k that makes ServedClassifier.classify return every class
 TEXT_OUTPUT = {"translation": "translation", "captioning": "caption"}
 # with the ``return_log_probs`` parameter: each token's log-probability, FP32 [N, T] (0 where

@@ -453,7 +453,9 @@ class ServedGenerator(ServedEntry):
             FailedPrecondition: a model served by TensorRT (its engines decode one position).
             ResourceExhausted / DeadlineExceeded / Unavailable: from the scoring batcher.
         """
-        if self.scorer is None or self.config.backend != "onnxruntime":
+        if self.scorer is None:  # an engine elsewhere, given no scorer beside it
+            raise FailedPrecondition(f"model {self.name!r} has no scorer in this process")
+        if self.config.backend != "onnxruntime":
             raise FailedPrecondition(
                 f"model {self.name!r} is served by {self.config.backend}; scoring runs on "
                 "ONNX Runtime: serve an ONNX Runtime export of it to score"

@@ -137,19 +137,16 @@ def _score_sources(model: ServedGenerator, request: pb.ScoreRequest) -> list[np.
         raise InvalidArgument("targets is empty; send at least one target to score")
     if request.texts and request.images:
         raise InvalidArgument("send texts (a translator) or images (a captioner), not both")
-    if model.config.input == "text":
-        if request.images:
-            raise InvalidArgument(f"model {model.name!r} takes texts, not images: send texts")
-        given, what = request.texts, "texts"
-    else:
-        if request.texts:
-            raise InvalidArgument(f"model {model.name!r} takes images, not texts: send images")
-        given, what = request.images, "images"
+    texts = model.config.input == "text"
+    given, other = (request.texts, request.images) if texts else (request.images, request.texts)
+    what, not_what = ("texts", "images") if texts else ("images", "texts")
+    if other:
+        raise InvalidArgument(f"model {model.name!r} takes {what}, not {not_what}: send {what}")
     if len(given) != len(request.targets):
         raise InvalidArgument(
             f"{len(given)} {what} for {len(request.targets)} targets: send one per target"
         )
-    if model.config.input == "text":
+    if texts:
         return [model.source_ids(text, request.target_language) for text in request.texts]
     return [model.image_pixels(image) for image in request.images]
 
